@@ -1,0 +1,1 @@
+"""The ``aiayn`` command line: one entry point, one subcommand per job."""

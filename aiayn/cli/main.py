@@ -1,0 +1,43 @@
+"""``aiayn`` entry point: a table of subcommands, each a thin call into the library."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+from aiayn import __version__
+from aiayn.cli import copy_task
+
+# name -> (help line, add_arguments, run)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "copy-task": (copy_task.HELP, copy_task.add_arguments, copy_task.run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiayn",
+        description="The Transformer of 'Attention Is All You Need' and its three families: build, train, decode, inspect.",
+    )
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_line, add_arguments, _) in COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=help_line, description=help_line))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return COMMANDS[args.command][2](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Batch plans: which example indices form each batch of an epoch, deterministic per (seed, epoch).
+
+A plan is any object with a ``seed`` and ``batches(epoch) -> list[list[int]]``. Plans are also
+``torch.utils.data`` batch samplers (``set_epoch`` + ``__iter__``), but resuming mid-epoch goes
+through :class:`aiayn.data.loader.ResumableLoader`, which counts the batches actually consumed.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+__all__ = ["BatchPlan", "EpochSampler", "TokenBudgetBatchSampler", "FixedSizeBatchSampler", "check_seed"]
+
+
+class BatchPlan(Protocol):
+    seed: int
+
+    def batches(self, epoch: int) -> list[list[int]]: ...
+
+
+class EpochSampler:
+    """``set_epoch``/``__iter__``/``__len__`` on top of ``batches(epoch)``, with the last epoch cached."""
+
+    seed: int
+    epoch: int = 0
+    _cache: tuple[int, list[list[int]]] | None = None
+
+    def _plan(self, epoch: int) -> list[list[int]]:
+        raise NotImplementedError
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, self._plan(epoch))
+        return self._cache[1]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches(self.epoch))
+
+    def __len__(self) -> int:
+        return len(self.batches(self.epoch))
+
+
+class TokenBudgetBatchSampler(EpochSampler):
+    """Length-bucketed batches under a token budget (paper section 5.1: ~25000 source and 25000 target tokens).
+
+    ``lengths`` holds one array per side (e.g. ``[dataset.src_lengths, dataset.tgt_lengths]``), each
+    the number of positions an example takes in the batch tensor. A batch of ``n`` examples is
+    within budget when ``n * max(length) <= max_tokens`` on every side (the padded size).
+    With ``shuffle``, each epoch orders examples by length with random tie-breaks, packs them
+    greedily and shuffles the batches; all of it from ``(seed, epoch)``.
+    Raises ``ValueError`` when one example alone exceeds the budget.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[Sequence[int] | np.ndarray],
+        max_tokens: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        max_sentences: int | None = None,
+    ) -> None:
+        if len(lengths) == 0:
+            raise ValueError("lengths must hold at least one side, got none")
+        sides = [np.asarray(side, dtype=np.int64) for side in lengths]
+        n = len(sides[0])
+        for k, side in enumerate(sides):
+            if side.ndim != 1 or len(side) != n:
+                raise ValueError(f"lengths[{k}] must be 1-D with {n} entries like lengths[0], got shape {side.shape}")
+        if n == 0:
+            raise ValueError("lengths is empty: no examples to batch")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if max_sentences is not None and max_sentences < 1:
+            raise ValueError(f"max_sentences must be >= 1 or None, got {max_sentences}")
+        for k, side in enumerate(sides):
+            worst = int(np.argmax(side))
+            if side[worst] > max_tokens:
+                raise ValueError(
+                    f"example {worst} takes {int(side[worst])} positions on side {k}, more than "
+                    f"max_tokens={max_tokens}: raise max_tokens or lower the data set's max_len"
+                )
+        check_seed(seed)
+        self.lengths = np.stack(sides)  # (sides, N)
+        self.max_tokens, self.shuffle, self.seed, self.max_sentences = max_tokens, shuffle, seed, max_sentences
+        self.epoch, self._cache = 0, None
+
+    def _plan(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        n = self.lengths.shape[1]
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        # Stable sort by (side 0, side 1, ...) so equal lengths keep the random order.
+        order = order[np.lexsort(self.lengths[::-1, order])]
+        batches = self._pack(order)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def _pack(self, order: np.ndarray) -> list[list[int]]:
+        budget, cap = self.max_tokens, self.max_sentences or len(order)
+        lengths = self.lengths.T[order].tolist()  # (N, sides), in packing order
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        widest = [0] * self.lengths.shape[0]
+        for i, lens in zip(order.tolist(), lengths):
+            grown = [max(w, x) for w, x in zip(widest, lens)]
+            if batch and (len(batch) == cap or (len(batch) + 1) * max(grown) > budget):
+                batches.append(batch)
+                batch, grown = [], lens
+            batch.append(i)
+            widest = grown
+        batches.append(batch)
+        return batches
+
+
+class FixedSizeBatchSampler(EpochSampler):
+    """Batches of ``batch_size`` examples, shuffled per ``(seed, epoch)`` when ``shuffle``; the last
+    batch is smaller unless ``drop_last``."""
+
+    def __init__(self, n: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1 (examples to batch), got {n}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if drop_last and n < batch_size:
+            raise ValueError(f"drop_last with n={n} < batch_size={batch_size} leaves no batch")
+        check_seed(seed)
+        self.n, self.batch_size, self.shuffle, self.seed, self.drop_last = n, batch_size, shuffle, seed, drop_last
+        self.epoch, self._cache = 0, None
+
+    def _plan(self, epoch: int) -> list[list[int]]:
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle else np.arange(self.n)
+        stop = self.n - self.n % self.batch_size if self.drop_last else self.n
+        return [order[i : i + self.batch_size].tolist() for i in range(0, stop, self.batch_size)]
+
+
+def check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")

@@ -1,0 +1,96 @@
+"""Encoded sentence pairs for translation and their collate function.
+
+Each example is ``(src, y)``: ``src`` = the source ids (+ EOS by default, as fairseq does, so the
+encoder sees where the sentence ends) and ``y`` = the target ids; the batch makes
+``tgt_in = BOS + y`` and ``tgt_out = y + EOS``, so a target side takes ``T = len(y) + 1`` positions.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from aiayn.data.batch import TranslationBatch
+from aiayn.data.encoded import Ragged, TooLong, limit_lengths, pad_batch
+from aiayn.data.readers import ParallelText
+from aiayn.nn.masks import padding_mask_from_lengths
+from aiayn.tokenization.base import Tokenizer
+from aiayn.tokenization.special import BOS_ID, EOS_ID
+
+__all__ = ["TranslationDataset", "collate_translation"]
+
+
+class TranslationDataset(Dataset):
+    """Encoded pairs; ``src_lengths``/``tgt_lengths`` are the ``S``/``T`` each example takes in a batch.
+
+    ``n_dropped`` and ``n_truncated`` report what ``max_len`` did when the set was encoded.
+    """
+
+    def __init__(self, src: Ragged, tgt: Ragged, *, n_dropped: int = 0, n_truncated: int = 0) -> None:
+        if len(src) != len(tgt):
+            raise ValueError(f"src has {len(src)} sequences but tgt has {len(tgt)}")
+        self.src, self.tgt = src, tgt
+        self.n_dropped, self.n_truncated = n_dropped, n_truncated
+
+    @classmethod
+    def encode(
+        cls,
+        pairs: ParallelText,
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer,
+        *,
+        max_len: int | None = None,
+        too_long: TooLong = "error",
+        src_eos: bool = True,
+    ) -> TranslationDataset:
+        """Tokenize ``pairs``; a pair with ``S`` or ``T`` above ``max_len`` is handled per ``too_long``
+        (``"error"``, ``"drop"`` or ``"truncate"``). Raises ``DataError`` when no pair is left."""
+        src_ids = src_tokenizer.encode_batch(pairs.src, add_eos=src_eos)
+        tgt_ids = tgt_tokenizer.encode_batch(pairs.tgt)
+        src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
+        tgt_len = np.array([len(t) + 1 for t in tgt_ids], dtype=np.int64)
+        limit = limit_lengths([src_len, tgt_len], max_len, too_long, "sentence pairs")
+        cap = max_len or 0  # only read for truncated pairs, which exist only with a max_len
+        src_out, tgt_out = [], []
+        for i, cut in zip(limit.keep.tolist(), limit.truncate.tolist()):
+            s, t = src_ids[i], tgt_ids[i]
+            if cut:
+                s = s[: cap - 1] + [EOS_ID] if src_eos else s[:cap]
+                t = t[: cap - 1]
+            src_out.append(s)
+            tgt_out.append(t)
+        return cls(
+            Ragged.from_lists(src_out), Ragged.from_lists(tgt_out), n_dropped=limit.n_dropped, n_truncated=limit.n_truncated
+        )
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.src[i], self.tgt[i]
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        return self.src.lengths
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        return self.tgt.lengths + 1
+
+
+def collate_translation(
+    examples: Sequence[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator | None = None
+) -> TranslationBatch:
+    """Pad ``(src, y)`` examples into a :class:`TranslationBatch` (``rng`` is unused: no randomness)."""
+    src, src_len = pad_batch([e[0] for e in examples])
+    tgt_in, tgt_len = pad_batch([e[1] for e in examples], prefix=BOS_ID)
+    tgt_out, _ = pad_batch([e[1] for e in examples], suffix=EOS_ID)
+    return TranslationBatch(
+        src=src,
+        tgt_in=tgt_in,
+        tgt_out=tgt_out,
+        src_mask=padding_mask_from_lengths(src_len, src.shape[1]),
+        tgt_mask=padding_mask_from_lengths(tgt_len, tgt_in.shape[1]),
+    )

@@ -1,0 +1,235 @@
+"""Typed, validated configs: one per family, sharing the block fields of :class:`TransformerConfig`.
+
+Every field is validated at construction; a bad value raises ``ValueError`` naming the field, the
+value and the rule. Configs round-trip through JSON (``to_dict`` / ``config_from_dict``) and are
+stored in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from aiayn.nn.blocks import LayerSpec
+from aiayn.nn.attention import BACKENDS
+from aiayn.nn.feedforward import ACTIVATIONS
+from aiayn.nn.norm import NORMS
+from aiayn.nn.positional import POSITION_KINDS
+from aiayn.tokenization.special import PAD_ID
+
+__all__ = [
+    "TransformerConfig",
+    "EncoderDecoderConfig",
+    "DecoderOnlyConfig",
+    "EncoderOnlyConfig",
+    "ModelConfig",
+    "config_from_dict",
+    "config_from_json",
+]
+
+
+@dataclass(kw_only=True)
+class TransformerConfig:
+    """Fields shared by all families (defaults: the paper's base model, section 3 and Table 3)."""
+
+    family: ClassVar[str] = ""
+
+    d_model: int = 512
+    n_heads: int = 8
+    n_kv_heads: int | None = None  # None = n_heads; fewer = grouped-query attention
+    d_ff: int = 2048
+    dropout: float = 0.1  # P_drop, section 5.4: sublayer outputs and embeddings + positions
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "relu"
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_position: str = "post"  # "post" (the paper) or "pre"
+    final_norm: bool | None = None  # None = only with Pre-LN
+    positions: str = "sinusoidal"
+    max_len: int = 1024  # longest sequence for learned positions (sinusoids grow on demand)
+    rope_base: float = 10000.0
+    bias: bool = True
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), section 3.4
+    init_std: float | None = None  # None = Xavier-uniform linears; a float = normal(0, std) (GPT, BERT)
+    attention_backend: str = "sdpa"
+    pad_id: int | None = PAD_ID  # None: no padding token (masks must then be given explicitly)
+
+    def __post_init__(self) -> None:
+        _positive(self, "d_model", "n_heads", "d_ff", "max_len")
+        if self.n_kv_heads is not None:
+            _positive(self, "n_kv_heads")
+        _rule(self.d_model % self.n_heads == 0, "d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
+        kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        _rule(self.n_heads % kv == 0, "n_kv_heads", self.n_kv_heads, f"must divide n_heads={self.n_heads}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            _rule(0.0 <= value < 1.0, name, value, "must be in [0, 1)")
+        _choice(self, "activation", ACTIVATIONS)
+        _choice(self, "norm", NORMS)
+        _choice(self, "norm_position", ("post", "pre"))
+        _choice(self, "positions", POSITION_KINDS)
+        _choice(self, "attention_backend", BACKENDS)
+        _rule(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
+        _rule(self.rope_base > 0, "rope_base", self.rope_base, "must be > 0")
+        if self.init_std is not None:
+            _rule(self.init_std > 0, "init_std", self.init_std, "must be > 0 or None")
+        if self.positions == "rotary":
+            head_dim = self.d_model // self.n_heads
+            _rule(head_dim % 2 == 0, "positions", self.positions, f"rotary needs an even head size, got {head_dim}")
+        if self.pad_id is not None:
+            _rule(self.pad_id >= 0, "pad_id", self.pad_id, "must be >= 0 or None")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.norm_position == "pre"
+
+    @property
+    def has_final_norm(self) -> bool:
+        return self.pre_norm if self.final_norm is None else self.final_norm
+
+    def layer_spec(self) -> LayerSpec:
+        """The per-layer part of the config."""
+        return LayerSpec(
+            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, n_kv_heads=self.n_kv_heads,
+            dropout=self.dropout, attention_dropout=self.attention_dropout,
+            activation_dropout=self.activation_dropout, activation=self.activation, norm=self.norm,
+            norm_eps=self.norm_eps, pre_norm=self.pre_norm, bias=self.bias, backend=self.attention_backend,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, with ``family`` naming the config class."""
+        return {"family": self.family, **dataclasses.asdict(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def replace(self, **overrides: Any) -> "TransformerConfig":
+        """A copy with some fields changed (validated again); unknown names raise ``ValueError``."""
+        _check_keys(type(self), overrides)
+        return dataclasses.replace(self, **overrides)
+
+
+@dataclass(kw_only=True)
+class EncoderDecoderConfig(TransformerConfig):
+    """The paper's model: an encoder and an autoregressive decoder with cross-attention (translation)."""
+
+    family: ClassVar[str] = "encoder-decoder"
+
+    vocab_size: int  # the source vocabulary, and the target one unless tgt_vocab_size is set
+    tgt_vocab_size: int | None = None
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    share_embeddings: bool = True  # one table for source and target (needs one shared vocabulary)
+    tie_output: bool = True  # target embedding = pre-softmax projection (section 3.4)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive(self, "vocab_size", "n_encoder_layers", "n_decoder_layers")
+        if self.tgt_vocab_size is not None:
+            _positive(self, "tgt_vocab_size")
+            _rule(
+                not self.share_embeddings, "share_embeddings", self.share_embeddings,
+                f"needs one shared vocabulary: set tgt_vocab_size=None (got {self.tgt_vocab_size}) or share_embeddings=False",
+            )
+        _check_pad_id(self)
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
+
+
+@dataclass(kw_only=True)
+class DecoderOnlyConfig(TransformerConfig):
+    """A GPT-style language model: a causal stack with no encoder."""
+
+    family: ClassVar[str] = "decoder-only"
+
+    vocab_size: int
+    n_layers: int = 12
+    tie_output: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive(self, "vocab_size", "n_layers")
+        _check_pad_id(self)
+
+
+@dataclass(kw_only=True)
+class EncoderOnlyConfig(TransformerConfig):
+    """A BERT-style encoder: token + position + segment embeddings, masked-LM and classification heads."""
+
+    family: ClassVar[str] = "encoder-only"
+
+    vocab_size: int
+    n_layers: int = 12
+    n_segments: int = 2  # 0 = no segment embeddings
+    n_classes: int = 2  # 0 = no classification head
+    embedding_norm: bool = True  # BERT normalises the summed embeddings
+    mlm_head: bool = True
+    tie_output: bool = True  # the masked-LM decoder shares the token embedding
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive(self, "vocab_size", "n_layers")
+        _rule(self.n_segments >= 0, "n_segments", self.n_segments, "must be >= 0")
+        _rule(self.n_classes >= 0, "n_classes", self.n_classes, "must be >= 0")
+        _check_pad_id(self)
+
+
+ModelConfig = EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig
+FAMILIES: dict[str, type[TransformerConfig]] = {
+    cls.family: cls for cls in (EncoderDecoderConfig, DecoderOnlyConfig, EncoderOnlyConfig)
+}
+
+
+def config_from_dict(data: dict[str, Any]) -> TransformerConfig:
+    """Rebuild a config from :meth:`TransformerConfig.to_dict`; the ``family`` key picks the class."""
+    data = dict(data)
+    family = data.pop("family", None)
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+    cls = FAMILIES[family]
+    _check_keys(cls, data)
+    return cls(**data)
+
+
+def config_from_json(text: str) -> TransformerConfig:
+    return config_from_dict(json.loads(text))
+
+
+def _check_keys(cls: type, data: dict[str, Any]) -> None:
+    valid = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown {cls.__name__} field {key!r}{hint}; valid fields: {', '.join(valid)}")
+
+
+def _check_pad_id(config: Any) -> None:
+    if config.pad_id is not None:
+        _rule(config.pad_id < config.vocab_size, "pad_id", config.pad_id, f"must be < vocab_size={config.vocab_size}")
+
+
+def _rule(ok: bool, name: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} {rule}")
+
+
+def _positive(config: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        _rule(isinstance(value, int) and not isinstance(value, bool) and value > 0, name, value, "must be a positive integer")
+
+
+def _choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    _rule(value in choices, name, value, f"must be one of {choices}")

@@ -1,0 +1,1 @@
+"""Building blocks of the Transformer: attention, masks, positions, FFN, norms, layers."""

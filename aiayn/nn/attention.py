@@ -1,0 +1,133 @@
+"""Scaled dot-product attention (paper section 3.2.1) with two backends chosen by name.
+
+``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V``
+
+* ``"math"``: the formula written out; the only backend that can return the attention weights
+  (for learning and visualisation).
+* ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``, which picks a fused kernel
+  (flash / memory-efficient) when it can.
+
+Masks follow :mod:`aiayn.nn.masks`: bool, ``True`` = may attend. Fully masked query rows give an
+all-zero output and zero gradients in both backends (no NaN, no ``-1e9`` that overflows fp16).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.nn.masks import causal_mask, check_attention_mask
+
+Backend = Literal["math", "sdpa"]
+BACKENDS: tuple[str, ...] = ("math", "sdpa")
+
+__all__ = ["scaled_dot_product_attention", "BACKENDS", "Backend"]
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    backend: str = "sdpa",
+    return_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Attend queries ``q (B, H, T, D)`` over keys ``k (B, Hkv, S, D)`` and values ``v (B, Hkv, S, Dv)``.
+
+    ``mask``: bool, ``True`` = may attend, broadcastable to ``(B, H, T, S)``.
+    ``bias``: float, added to the scores (relative positions such as ALiBi), broadcastable likewise.
+    ``causal``: also forbid attending to the future, aligned to the lower right (a query shorter
+    than the keys is the last ``T`` positions, as with a KV cache).
+    ``Hkv`` may divide ``H`` (grouped-query attention); keys and values are then shared by groups.
+    Returns ``(output (B, H, T, Dv), weights (B, H, T, S) or None)``; weights only from ``"math"``.
+    Raises ``ValueError`` for an unknown backend or mismatched shapes, ``TypeError`` for a non-bool mask.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if return_weights and backend != "math":
+        raise ValueError(f"return_weights=True needs backend='math', got backend={backend!r}")
+    batch, heads, q_len, _ = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != batch or heads % kv_heads != 0:
+        raise ValueError(
+            f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+            "(expected q (B, H, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) with H % Hkv == 0)"
+        )
+    if mask is not None:
+        check_attention_mask(mask, batch, heads, q_len, k_len)
+    if causal and k_len < q_len:
+        raise ValueError(f"causal attention needs at least as many keys as queries, got T={q_len}, S={k_len}")
+    if q.numel() == 0 or k_len == 0:  # nothing to attend from, or to: a defined all-zero result
+        out = q.new_zeros(batch, heads, q_len, v.shape[-1])
+        return out, (q.new_zeros(batch, heads, q_len, k_len) if return_weights else None)
+    if heads != kv_heads:  # grouped-query: each key/value head serves H / Hkv query heads
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+
+    # Fold the causal constraint into the mask only when a mask is needed anyway; the plain causal
+    # case with T == S goes to the fused kernel through is_causal.
+    fused_causal = causal and mask is None and bias is None and q_len == k_len and backend == "sdpa"
+    if causal and not fused_causal:
+        future = causal_mask(q_len, k_len, device=q.device)
+        mask = future if mask is None else mask & future
+
+    empty_rows = None
+    if mask is not None:
+        # A row with nothing to attend to would be softmax over all -inf = NaN. Let such rows attend
+        # everywhere (any finite result) and zero them afterwards, which also zeroes their gradients.
+        has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
+        if not bool(has_key.all()):
+            empty_rows = ~has_key
+            mask = mask | empty_rows
+
+    if backend == "math":
+        out, weights = _math_attention(q, k, v, mask, bias, dropout_p, return_weights)
+    else:
+        attn_mask = mask
+        if bias is not None:
+            attn_mask = bias.to(q.dtype)
+            if mask is not None:
+                attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=fused_causal
+        )
+        weights = None
+
+    if empty_rows is not None:
+        out = out.masked_fill(empty_rows, 0.0)
+        if weights is not None:
+            weights = weights.masked_fill(empty_rows, 0.0)
+    return out, weights
+
+
+def _math_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    dropout_p: float,
+    return_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q K^T / sqrt(d_k) + bias) V, with the softmax in float32 for half-precision inputs."""
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None).to(q.dtype)
+    if dropout_p > 0.0:
+        weights_used = F.dropout(weights, p=dropout_p)
+    else:
+        weights_used = weights
+    out = weights_used @ v  # (B, H, T, Dv)
+    return out, (weights if return_weights else None)

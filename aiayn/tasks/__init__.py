@@ -1,0 +1,1 @@
+"""Small self-contained tasks that need no data set."""
