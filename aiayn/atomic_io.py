@@ -1,0 +1,54 @@
+"""Durable and atomic file writes: a file is either absent or whole, even after a crash.
+
+``write_durable`` writes and fsyncs one file; ``fsync_dir`` makes a rename or a new entry in a
+directory survive a power loss; ``atomic_write_bytes`` combines them (temporary sibling, fsync,
+``os.replace``). Checkpoints and config files are written through here, so tests can simulate a
+full disk by patching ``write_durable``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+__all__ = ["write_durable", "fsync_dir", "atomic_write_bytes", "temporary_sibling"]
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file at ``path`` and fsync it before returning."""
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Fsync a directory so the entries created or renamed in it are durable (no-op where unsupported)."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # platforms (Windows) that cannot open a directory: nothing to do
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temporary_sibling(path: Path) -> Path:
+    """A unique hidden name next to ``path``, on the same file system so a rename is atomic."""
+    return path.with_name(f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: readers see the old file or the new one, never a part."""
+    target = Path(path)
+    tmp = temporary_sibling(target)
+    try:
+        write_durable(tmp, data)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)

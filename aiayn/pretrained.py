@@ -1,0 +1,111 @@
+"""A trained model on disk: weights, config and tokenizer(s), in one directory, with no pickle.
+
+Layout (the same files a training checkpoint holds, so either can be loaded):
+``model.safetensors`` (weights, tied tables stored once), ``config.json`` (the model config),
+and ``tokenizer.json`` / ``char_tokenizer.json`` (or ``src_...`` / ``tgt_...`` when not shared).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aiayn.atomic_io import fsync_dir, temporary_sibling, write_durable
+from aiayn.models.config import TransformerConfig, config_from_dict
+from aiayn.models.presets import model_class
+from aiayn.tokenization.base import Tokenizer
+from aiayn.tokenization.compat import check_tokenizer_fits
+from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
+from aiayn.training.checkpoint import MARKER, resolve_checkpoint
+from aiayn.training.weights_io import load_state_dict_checked, read_safetensors, state_dict_to_bytes
+
+__all__ = ["Pretrained", "save_pretrained", "load_pretrained", "MODEL_FILE", "CONFIG_FILE"]
+
+MODEL_FILE, CONFIG_FILE = "model.safetensors", "config.json"
+_TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json")
+
+
+@dataclass
+class Pretrained:
+    """A loaded model (in eval mode) with its config and tokenizers (the same object when shared)."""
+
+    model: nn.Module
+    config: TransformerConfig
+    src_tokenizer: Tokenizer | None
+    tgt_tokenizer: Tokenizer | None
+    path: Path
+
+
+def save_pretrained(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    src_tokenizer: Tokenizer | None = None,
+    tgt_tokenizer: Tokenizer | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``model`` (and tokenizers) to the directory ``path`` atomically: it appears whole or not at all.
+
+    ``tgt_tokenizer`` defaults to ``src_tokenizer`` (one shared vocabulary). Raises
+    ``FileExistsError`` if ``path`` exists and ``overwrite`` is false, ``ValueError`` if a tokenizer
+    has more ids than the model's vocabulary.
+    """
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    config: TransformerConfig = model.config  # type: ignore[assignment]
+    tgt_tokenizer = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
+    if src_tokenizer is not None:
+        check_tokenizer_fits(src_tokenizer, config.vocab_size, "vocab_size")  # type: ignore[attr-defined]
+        check_tokenizer_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")  # type: ignore[arg-type,attr-defined]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    tmp.mkdir()
+    try:
+        write_durable(tmp / MODEL_FILE, state_dict_to_bytes(model.state_dict()))
+        write_durable(tmp / CONFIG_FILE, (config.to_json() + "\n").encode())
+        if src_tokenizer is not None:
+            save_tokenizer_pair(tmp, src_tokenizer, tgt_tokenizer)  # type: ignore[arg-type]
+        fsync_dir(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(target.parent)
+    return target
+
+
+def load_pretrained(path: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> Pretrained:
+    """Load a model directory, a training checkpoint, or a run directory (its newest complete checkpoint).
+
+    Raises ``FileNotFoundError`` naming the path when there is nothing to load there, and
+    ``ValueError`` when the weights do not match the config.
+    """
+    directory = Path(path)
+    if not directory.exists():
+        raise FileNotFoundError(f"no model at {directory}: no such directory")
+    if not (directory / MODEL_FILE).is_file() or (directory / MARKER).is_file():
+        directory = resolve_checkpoint(directory)  # a run directory, or a checkpoint to verify
+    config_file = directory / CONFIG_FILE
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{directory} holds {MODEL_FILE} but no {CONFIG_FILE}")
+    try:
+        config = config_from_dict(json.loads(config_file.read_text(encoding="utf-8")))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_file}: invalid JSON ({e})") from None
+    model = model_class(config)(config)
+    state, _ = read_safetensors(directory / MODEL_FILE)
+    load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
+    model.to(device).eval()
+    src_tok = tgt_tok = None
+    if any((directory / f"{prefix}{name}").is_file() for prefix in ("", "src_") for name in _TOKENIZER_NAMES):
+        src_tok, tgt_tok = load_tokenizer_pair(directory)
+    return Pretrained(model, config, src_tok, tgt_tok, directory)

@@ -1,0 +1,1 @@
+"""Training engine: configs, optimizer and schedules, losses, checkpoints (the loop comes with the models)."""

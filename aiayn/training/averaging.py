@@ -1,0 +1,133 @@
+"""Checkpoint averaging (section 6.1: the base models average the last 5 checkpoints, the big ones 20).
+
+Floating tensors are summed in float64 and cast back to their dtype; integer and boolean buffers
+(step counters, masks) are taken from the last checkpoint. Tied weights stay tied in the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from aiayn.training.checkpoint import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    CorruptCheckpointError,
+    CorruptCheckpointWarning,
+    list_checkpoints,
+    verify_checkpoint,
+    write_checkpoint_dir,
+)
+from aiayn.training.weights_io import check_finite, read_safetensors, read_weights, state_dict_to_bytes
+
+__all__ = ["average_checkpoints", "average_last"]
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Tensor]:
+    """Average the model weights of checkpoint directories or ``.safetensors`` files, in order.
+
+    Raises ``ValueError`` for an empty list and, naming the file, when names, shapes or dtypes differ
+    from the first one.
+    """
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one path, got none")
+    sums: dict[str, Tensor] = {}  # by canonical name: tied weights are summed once
+    first: dict[str, Tensor] = {}
+    first_source = ""
+    last: dict[str, Tensor] = {}
+    for p in paths:
+        source, state = _read_model(Path(p))
+        if not first:
+            first, first_source = state, source
+        else:
+            _check_same_layout(first, first_source, state, source)
+        for name, canonical in _canonical_names(state).items():
+            t = state[name]
+            if name == canonical and t.is_floating_point():
+                if name not in sums:
+                    sums[name] = torch.zeros(t.shape, dtype=torch.float64)
+                sums[name].add_(t.double())
+        last = state
+    averaged = {name: (total / len(paths)).to(last[name].dtype) for name, total in sums.items()}
+    return {
+        name: averaged[canonical] if t.is_floating_point() else t
+        for (name, canonical), t in zip(_canonical_names(last).items(), last.values())
+    }
+
+
+def _canonical_names(state: dict[str, Tensor]) -> dict[str, str]:
+    """Each name -> the first name bound to the same tensor object (itself unless tied)."""
+    first_name: dict[int, str] = {}
+    return {name: first_name.setdefault(id(t), name) for name, t in state.items()}
+
+
+def _read_model(path: Path) -> tuple[str, dict[str, Tensor]]:
+    if path.is_dir():
+        verify_checkpoint(path)
+        file = path / MODEL_FILE
+        return str(file), read_safetensors(file)[0]
+    return str(path), read_weights(path)
+
+
+def _check_same_layout(ref: dict[str, Tensor], ref_source: str, state: dict[str, Tensor], source: str) -> None:
+    missing = [k for k in ref if k not in state]
+    unexpected = [k for k in state if k not in ref]
+    differ = [
+        f"{k}: {tuple(state[k].shape)} {state[k].dtype} vs {tuple(ref[k].shape)} {ref[k].dtype}"
+        for k in ref
+        if k in state and (state[k].shape != ref[k].shape or state[k].dtype != ref[k].dtype)
+    ]
+    if not missing and not unexpected and _canonical_names(state) != _canonical_names(ref):
+        differ.append("tied weights differ")
+    if missing or unexpected or differ:
+        raise ValueError(
+            f"cannot average {source} with {ref_source}: missing {missing}, unexpected {unexpected}, "
+            f"shape/dtype differences {differ}"
+        )
+
+
+def average_last(run_dir: str | os.PathLike[str], n: int, out_dir: str | os.PathLike[str]) -> Path:
+    """Average the last ``n`` complete checkpoints of ``run_dir`` into a new checkpoint at ``out_dir``.
+
+    The result holds the averaged weights and the config (which must be the same in all ``n``), and is
+    written atomically; corrupt checkpoints are skipped with a warning. Raises ``ValueError`` when
+    fewer than ``n`` checkpoints verify or the configs differ, ``FileExistsError`` if ``out_dir`` exists.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory does not exist: {run_dir}")
+    chosen: list[Path] = []
+    markers = []
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            markers.append(verify_checkpoint(path))
+        except CorruptCheckpointError as e:
+            warnings.warn(f"not averaging {path.name}: {e}", CorruptCheckpointWarning, stacklevel=2)
+            continue
+        chosen.append(path)
+        if len(chosen) == n:
+            break
+    if len(chosen) < n:
+        names = [p.name for p in chosen]
+        raise ValueError(f"average_last needs {n} complete checkpoints in {run_dir}, found {len(chosen)}: {names}")
+    chosen.reverse()
+    configs = [json.loads((p / CONFIG_FILE).read_bytes()) for p in chosen]
+    for path, config in zip(chosen, configs):
+        if config != configs[-1]:
+            raise ValueError(
+                f"cannot average checkpoints with different configs: {path / CONFIG_FILE} vs {chosen[-1] / CONFIG_FILE}"
+            )
+    state = average_checkpoints(chosen)
+    check_finite(state)
+    config_bytes = (chosen[-1] / CONFIG_FILE).read_bytes()
+    files = [(MODEL_FILE, lambda: state_dict_to_bytes(state)), (CONFIG_FILE, lambda: config_bytes)]
+    marker = {"step": int(markers[0]["step"]), "averaged_from": [p.name for p in chosen]}
+    return write_checkpoint_dir(Path(out_dir), files, marker)

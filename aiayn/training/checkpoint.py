@@ -1,0 +1,491 @@
+"""Training checkpoints without pickle: one directory per step, written atomically, verified on load.
+
+Layout of ``run_dir/step-000123/``::
+
+    model.safetensors                   model weights (tied weights stored once, see weights_io)
+    config.json                         the model/run config (a dataclass goes through config_io.to_dict)
+    optimizer.safetensors, .json        optimizer state_dict: its tensors, and the rest as tagged JSON
+    trainer.json                        step, scheduler state, data-iterator state, metrics, best value
+    rng.safetensors, rng.json           torch/CUDA/numpy/Python generator states
+    <extra files>                       copied in for the caller (tokenizer.json, ...)
+    COMPLETE                            written last: format, step, and each file's size and sha256
+
+Everything is written into a hidden temporary sibling, fsynced, then renamed into place, so a
+directory named ``step-*`` either holds a ``COMPLETE`` marker or is not a checkpoint. One process
+(rank 0) writes to a run directory. Memory note: each file is serialized in memory before it is
+written, one file at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from aiayn import atomic_io
+from aiayn.config_io import to_dict
+from aiayn.training.rng import Generator, RngState, capture_rng_state, restore_rng_state
+from aiayn.training.tensor_tree import flatten_tree, unflatten_tree
+from aiayn.training.weights_io import (
+    CorruptCheckpointError,
+    check_finite,
+    load_state_dict_checked,
+    read_safetensors,
+    read_weights,
+    state_dict_to_bytes,
+    tensors_to_bytes,
+)
+
+__all__ = [
+    "BestValue",
+    "TrainerState",
+    "Checkpoint",
+    "CorruptCheckpointError",
+    "CorruptCheckpointWarning",
+    "checkpoint_name",
+    "save_checkpoint",
+    "write_checkpoint_dir",
+    "verify_checkpoint",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "resolve_checkpoint",
+    "load_checkpoint",
+    "read_trainer_state",
+    "load_model_weights",
+    "restore_training_state",
+]
+
+FORMAT = 1
+MARKER = "COMPLETE"
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+OPTIMIZER_TENSORS, OPTIMIZER_JSON = "optimizer.safetensors", "optimizer.json"
+TRAINER_FILE = "trainer.json"
+RNG_TENSORS, RNG_JSON = "rng.safetensors", "rng.json"
+RESERVED = frozenset(
+    {MARKER, MODEL_FILE, CONFIG_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, TRAINER_FILE, RNG_TENSORS, RNG_JSON}
+)
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """A checkpoint was skipped because one of its files is corrupt."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BestValue:
+    """The best value of the watched metric so far and the step that reached it."""
+
+    metric: str
+    mode: Literal["min", "max"]
+    value: float
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerState:
+    """Contents of ``trainer.json``: what the loop needs besides weights, optimizer and RNG."""
+
+    step: int
+    scheduler: dict[str, Any] | None
+    data: dict[str, Any] | None
+    metrics: dict[str, float]
+    best: BestValue | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A loaded, verified checkpoint; ``extra_files`` are names of caller files inside ``path``."""
+
+    path: Path
+    step: int
+    config: dict[str, Any]
+    model_state: dict[str, Tensor]
+    optimizer_state: dict[str, Any] | None
+    trainer: TrainerState | None
+    rng: RngState | None
+    extra_files: tuple[str, ...]
+
+
+def checkpoint_name(step: int) -> str:
+    """Directory name of the checkpoint at ``step`` (``step-000123``)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    return f"step-{step:06d}"
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike[str],
+    *,
+    step: int,
+    model: nn.Module,
+    config: Any,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    data_state: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, float] | None = None,
+    best: BestValue | None = None,
+    extra_files: Sequence[str | os.PathLike[str]] = (),
+    save_rng: bool = True,
+    generators: Mapping[str, Generator] | None = None,
+) -> Path:
+    """Write ``run_dir/step-NNNNNN`` atomically and return its path.
+
+    ``config`` is a dataclass (stored with its ``to_dict()`` method if it has one, else
+    ``config_io.to_dict``) or a JSON-ready mapping; ``data_state`` a JSON-ready dict from the data
+    iterator; ``generators`` named generators saved with the global RNG states. Everything is checked
+    before anything is written. Raises ``ValueError`` naming the first non-finite weight or a
+    non-finite metric, ``TypeError`` naming what cannot be stored, ``FileExistsError`` if the
+    checkpoint exists, and ``OSError`` (same errno) naming the checkpoint and file when a write fails,
+    after removing the partial files.
+    """
+    final = Path(run_dir) / checkpoint_name(step)
+    model_state = model.state_dict()
+    check_finite(model_state)
+    files: list[tuple[str, Callable[[], bytes]]] = [
+        (MODEL_FILE, lambda: state_dict_to_bytes(model_state)),
+        (CONFIG_FILE, _constant(_json_bytes(_config_dict(config), "config"))),
+    ]
+    if optimizer is not None:
+        opt_tensors, opt_tree = flatten_tree(optimizer.state_dict())
+        files.append((OPTIMIZER_TENSORS, lambda: tensors_to_bytes(opt_tensors)))
+        files.append((OPTIMIZER_JSON, _constant(_json_bytes({"format": FORMAT, "state": opt_tree}, "optimizer state"))))
+    trainer = {
+        "format": FORMAT,
+        "step": step,
+        "scheduler": None if scheduler is None else flatten_tree(scheduler.state_dict(), allow_tensors=False)[1],
+        "data": None if data_state is None else dict(data_state),
+        "metrics": _check_metrics(metrics or {}),
+        "best": None if best is None else dataclasses.asdict(best),
+    }
+    files.append((TRAINER_FILE, _constant(_json_bytes(trainer, "trainer state (data_state, metrics)"))))
+    if save_rng:
+        rng = capture_rng_state(generators)
+        files.append((RNG_TENSORS, lambda: tensors_to_bytes(rng.tensors)))
+        files.append((RNG_JSON, _constant(_json_bytes(rng.meta, "rng state"))))
+    files.extend(_extra_files(extra_files))
+    return write_checkpoint_dir(final, files, {"step": step})
+
+
+def write_checkpoint_dir(
+    final: str | os.PathLike[str], files: Sequence[tuple[str, Callable[[], bytes]]], marker_fields: Mapping[str, Any]
+) -> Path:
+    """Write ``files`` (name, producer of bytes) and the ``COMPLETE`` marker, then rename into ``final``.
+
+    The files are produced and written one at a time into a temporary sibling that is fsynced and
+    renamed; on any error it is removed and ``final`` is untouched. Raises ``FileExistsError`` if
+    ``final`` exists and ``OSError`` (same errno) naming ``final`` and the file being written.
+    """
+    final = Path(final)
+    if final.exists():
+        raise FileExistsError(f"checkpoint directory already exists: {final}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_io.temporary_sibling(final)
+    current = "(creating the temporary directory)"
+    try:
+        tmp.mkdir()
+        entries: dict[str, dict[str, Any]] = {}
+        for name, produce in files:
+            current = name
+            data = produce()
+            atomic_io.write_durable(tmp / name, data)
+            entries[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        current = MARKER
+        marker = {"format": FORMAT, **marker_fields, "files": entries}
+        atomic_io.write_durable(tmp / MARKER, _json_bytes(marker, "checkpoint marker"))
+        atomic_io.fsync_dir(tmp)
+        current = "(rename into place)"
+        os.rename(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = e.strerror or str(e)
+        raise OSError(e.errno, f"{reason} while saving checkpoint {final} (at {current})", str(final)) from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_io.fsync_dir(final.parent)
+    return final
+
+
+def _constant(data: bytes) -> Callable[[], bytes]:
+    return lambda: data
+
+
+def _json_bytes(obj: Any, what: str) -> bytes:
+    try:
+        return json.dumps(obj, indent=2, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"cannot store {what} as JSON: {e}") from e
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    """A config as JSON-ready dict: its own ``to_dict()`` if it has one (model configs add ``family``)."""
+    own = getattr(config, "to_dict", None)
+    if callable(own) and not isinstance(config, type):
+        data = own()
+        if not isinstance(data, Mapping):
+            raise TypeError(f"config.to_dict() must return a mapping, got {type(data).__name__}")
+        return dict(data)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return to_dict(config)
+    if isinstance(config, Mapping):
+        return dict(config)
+    raise TypeError(f"config must be a dataclass instance or a mapping, got {type(config).__name__}")
+
+
+def _check_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"metrics[{name!r}] must be a finite number, got {value!r}")
+        out[name] = float(value)
+    return out
+
+
+def _extra_files(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, Callable[[], bytes]]]:
+    out: list[tuple[str, Callable[[], bytes]]] = []
+    seen: set[str] = set()
+    for p in paths:
+        source = Path(p)
+        if source.name in RESERVED or source.name in seen:
+            raise ValueError(f"extra file {source} clashes with a checkpoint file named {source.name!r}")
+        if not source.is_file():
+            raise FileNotFoundError(f"extra file to copy into the checkpoint does not exist: {source}")
+        seen.add(source.name)
+        out.append((source.name, source.read_bytes))
+    return out
+
+
+# --------------------------------------------------------------------------- finding and verifying
+
+
+def verify_checkpoint(path: str | os.PathLike[str], *, check_hashes: bool = True) -> dict[str, Any]:
+    """Check a checkpoint directory against its marker and return the marker.
+
+    Every listed file must exist with its recorded size (and sha256 when ``check_hashes``), JSON
+    files must parse and safetensors headers must read. Raises ``FileNotFoundError`` naming a missing
+    directory or marker and ``CorruptCheckpointError`` naming the first bad file.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no such checkpoint directory: {path}")
+    if not (path / MARKER).is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint: it has no {MARKER} marker (interrupted save?)")
+    marker = _read_json(path / MARKER)
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(marker, dict) or marker.get("format") != FORMAT or not isinstance(files, dict):
+        raise CorruptCheckpointError(path / MARKER, f"expected a format-{FORMAT} marker with a 'files' table")
+    if isinstance(marker.get("step"), bool) or not isinstance(marker.get("step"), int):
+        raise CorruptCheckpointError(path / MARKER, f"expected an int 'step', got {marker.get('step')!r}")
+    for required in (MODEL_FILE, CONFIG_FILE):
+        if required not in files:
+            raise CorruptCheckpointError(path / required, f"not listed in {MARKER}")
+    for pair in ((OPTIMIZER_TENSORS, OPTIMIZER_JSON), (RNG_TENSORS, RNG_JSON)):
+        for name, other in (pair, pair[::-1]):
+            if name in files and other not in files:
+                raise CorruptCheckpointError(path / other, f"not listed in {MARKER} although {name} is")
+    for name, entry in files.items():
+        _verify_file(path / name, entry, check_hashes)
+    return marker
+
+
+def _verify_file(file: Path, entry: Any, check_hash: bool) -> None:
+    if not isinstance(entry, dict):
+        raise CorruptCheckpointError(file, f"{MARKER} entry should be a dict with size and sha256, got {entry!r}")
+    if not file.is_file():
+        raise CorruptCheckpointError(file, f"listed in {MARKER} but missing")
+    size = file.stat().st_size
+    if size != entry.get("size"):
+        raise CorruptCheckpointError(file, f"size is {size} bytes, {MARKER} records {entry.get('size')}")
+    if check_hash:
+        digest = _sha256(file)
+        if digest != entry.get("sha256"):
+            raise CorruptCheckpointError(file, f"sha256 {digest} does not match {entry.get('sha256')} in {MARKER}")
+    if file.suffix == ".json":
+        _read_json(file)
+    elif file.suffix == ".safetensors":
+        read_safetensors(file)
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptCheckpointError(file, f"invalid JSON ({e})") from e
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Checkpoint directories of ``run_dir`` that hold a marker, oldest step first (not verified).
+
+    A missing ``run_dir`` holds no checkpoints: the result is empty.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = []
+    for child in run_dir.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir() and (child / MARKER).is_file():
+            found.append((int(match.group(1)), child))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path:
+    """The newest checkpoint of ``run_dir`` that verifies; corrupt ones are skipped with a warning.
+
+    Raises ``FileNotFoundError`` naming ``run_dir`` when it does not exist or holds no complete
+    checkpoint (listing the corrupt ones skipped).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"resume path does not exist: {run_dir}")
+    skipped: list[str] = []
+    for candidate in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(candidate)
+            return candidate
+        except CorruptCheckpointError as e:
+            warnings.warn(f"skipping checkpoint {candidate.name}: {e}", CorruptCheckpointWarning, stacklevel=2)
+            skipped.append(str(e))
+    if skipped:
+        detail = f"; skipped corrupt ones: {'; '.join(skipped)}"
+    else:
+        detail = f" (a step-NNNNNN directory with a {MARKER} marker)"
+    raise FileNotFoundError(f"no complete checkpoint in {run_dir}{detail}")
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint directory as given (verified), or the latest complete one of a run directory."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"resume path does not exist: {path}")
+    if not path.is_dir():
+        raise NotADirectoryError(f"resume path must be a checkpoint or run directory, got the file {path}")
+    if (path / MARKER).is_file() or _STEP_DIR.match(path.name):
+        verify_checkpoint(path)
+        return path
+    return latest_checkpoint(path)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Verify and read one checkpoint directory; ``CorruptCheckpointError`` names a bad file."""
+    path = Path(path)
+    marker = verify_checkpoint(path)
+    names = set(marker["files"])
+    model_state, _ = read_safetensors(path / MODEL_FILE)
+    config = _read_json(path / CONFIG_FILE)
+    optimizer_state = None
+    if OPTIMIZER_JSON in names:
+        opt_tensors, _ = read_safetensors(path / OPTIMIZER_TENSORS)
+        optimizer_state = _decode(path / OPTIMIZER_JSON, lambda d: unflatten_tree(opt_tensors, d["state"]))
+    trainer = _decode(path / TRAINER_FILE, _trainer_state) if TRAINER_FILE in names else None
+    rng = None
+    if RNG_JSON in names:
+        rng_tensors, _ = read_safetensors(path / RNG_TENSORS)
+        rng = RngState(rng_tensors, _read_json(path / RNG_JSON))
+    return Checkpoint(
+        path=path,
+        step=int(marker["step"]),
+        config=config,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        trainer=trainer,
+        rng=rng,
+        extra_files=tuple(sorted(names - RESERVED)),
+    )
+
+
+def read_trainer_state(path: str | os.PathLike[str]) -> TrainerState | None:
+    """``trainer.json`` of a checkpoint directory without verifying the rest (None if it has none)."""
+    file = Path(path) / TRAINER_FILE
+    return _decode(file, _trainer_state) if file.is_file() else None
+
+
+def _decode(file: Path, build: Callable[[Any], Any]) -> Any:
+    try:
+        return build(_read_json(file))
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, CorruptCheckpointError):
+            raise
+        raise CorruptCheckpointError(file, f"unexpected contents ({e!r})") from e
+
+
+def _trainer_state(d: dict[str, Any]) -> TrainerState:
+    return TrainerState(
+        step=int(d["step"]),
+        scheduler=None if d["scheduler"] is None else unflatten_tree({}, d["scheduler"]),
+        data=d["data"],
+        metrics=dict(d["metrics"]),
+        best=None if d["best"] is None else BestValue(**d["best"]),
+    )
+
+
+def load_model_weights(model: nn.Module, path: str | os.PathLike[str], *, trust_pickle: bool = False) -> Path:
+    """Load weights into ``model`` from a checkpoint or run directory, a ``.safetensors`` or (trusted) pickle file.
+
+    Returns the weights file read. Raises ``ValueError`` listing missing/unexpected keys and shape
+    mismatches (no partial load), or refusing a pickle without ``trust_pickle``; see ``read_weights``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        file = resolve_checkpoint(path) / MODEL_FILE
+        state = read_safetensors(file)[0]
+    else:
+        file = path
+        state = read_weights(path, trust_pickle=trust_pickle)
+    load_state_dict_checked(model, state, source=str(file))
+    return file
+
+
+def restore_training_state(
+    checkpoint: Checkpoint,
+    *,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    rng: bool = True,
+    generators: Mapping[str, Generator] | None = None,
+) -> None:
+    """Put a loaded checkpoint back into the given objects (and the global RNGs when ``rng``).
+
+    Raises ``ValueError`` naming the checkpoint when it lacks a part that was asked for.
+    """
+    if model is not None:
+        load_state_dict_checked(model, checkpoint.model_state, source=str(checkpoint.path / MODEL_FILE))
+    if optimizer is not None:
+        if checkpoint.optimizer_state is None:
+            raise ValueError(f"checkpoint {checkpoint.path} holds no optimizer state")
+        optimizer.load_state_dict(checkpoint.optimizer_state)
+    if scheduler is not None:
+        if checkpoint.trainer is None or checkpoint.trainer.scheduler is None:
+            raise ValueError(f"checkpoint {checkpoint.path} holds no scheduler state")
+        scheduler.load_state_dict(checkpoint.trainer.scheduler)
+    if rng:
+        if checkpoint.rng is None:
+            raise ValueError(f"checkpoint {checkpoint.path} holds no rng state; pass rng=False to skip it")
+        restore_rng_state(checkpoint.rng.tensors, checkpoint.rng.meta, generators)

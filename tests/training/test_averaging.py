@@ -1,0 +1,107 @@
+"""averaging: float64 mean of the last checkpoints, integer buffers from the last, atomic output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from training_helpers import TinyModel, assert_same
+
+from aiayn.training.averaging import average_checkpoints, average_last
+from aiayn.training.checkpoint import CorruptCheckpointWarning, load_checkpoint, save_checkpoint
+
+
+def _models(n: int, dtype: torch.dtype = torch.float32) -> list[TinyModel]:
+    models = []
+    for i in range(n):
+        torch.manual_seed(i)
+        model = TinyModel().to(dtype)
+        model.counter.fill_(10 * (i + 1))
+        models.append(model)
+    return models
+
+
+def _save_all(run: Path, models: list[TinyModel], config: dict | None = None) -> list[Path]:
+    return [
+        save_checkpoint(run, step=i + 1, model=m, config=config or {"d": 8}, save_rng=False) for i, m in enumerate(models)
+    ]
+
+
+def _reference(models: list[TinyModel]) -> dict[str, torch.Tensor]:
+    states = [m.state_dict() for m in models]
+    out = {}
+    for name, t in states[-1].items():
+        if t.is_floating_point():
+            out[name] = (torch.stack([s[name].double() for s in states]).sum(0) / len(states)).to(t.dtype)
+        else:
+            out[name] = t
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_average_is_the_float64_mean_cast_back(tmp_path: Path, dtype: torch.dtype) -> None:
+    models = _models(3, dtype)
+    paths = _save_all(tmp_path, models)
+    averaged = average_checkpoints(paths)
+    assert_same(dict(sorted(averaged.items())), dict(sorted(_reference(models).items())))
+    assert averaged["counter"].item() == 30  # integer buffers from the last
+    assert averaged["out.weight"] is averaged["embed.weight"]  # tied weights stay tied
+
+
+def test_average_differs_from_naive_half_precision_mean(tmp_path: Path) -> None:
+    models = _models(3, torch.float16)
+    averaged = average_checkpoints(_save_all(tmp_path, models))
+    naive = (models[0].proj.weight + models[1].proj.weight + models[2].proj.weight) / 3
+    assert not torch.equal(averaged["proj.weight"], naive.detach())
+
+
+def test_average_of_safetensors_files_and_layout_mismatch(tmp_path: Path) -> None:
+    paths = _save_all(tmp_path / "run", _models(2))
+    files = [p / "model.safetensors" for p in paths]
+    assert_same(average_checkpoints(files), average_checkpoints(paths))
+    other = save_checkpoint(tmp_path / "other", step=1, model=TinyModel(d=6), config={}, save_rng=False)
+    with pytest.raises(ValueError, match=rf"cannot average {other / 'model.safetensors'} with {files[0]}: .*embed.weight: \(11, 6\)"):
+        average_checkpoints([files[0], other])
+    untied = save_checkpoint(tmp_path / "untied", step=1, model=TinyModel(tied=False), config={}, save_rng=False)
+    with pytest.raises(ValueError, match=r"tied weights differ"):
+        average_checkpoints([files[0], untied])
+    with pytest.raises(ValueError, match="average_checkpoints needs at least one path, got none"):
+        average_checkpoints([])
+
+
+def test_average_last_writes_a_complete_checkpoint(tmp_path: Path) -> None:
+    models = _models(4)
+    _save_all(tmp_path / "run", models)
+    out = average_last(tmp_path / "run", 3, tmp_path / "avg")
+    assert out == tmp_path / "avg"
+    assert sorted(p.name for p in out.iterdir()) == ["COMPLETE", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg", "run"]
+    marker = json.loads((out / "COMPLETE").read_text())
+    assert marker["step"] == 4 and marker["averaged_from"] == ["step-000002", "step-000003", "step-000004"]
+    ckpt = load_checkpoint(out)
+    assert ckpt.config == {"d": 8} and ckpt.optimizer_state is None and ckpt.trainer is None
+    assert_same(dict(sorted(ckpt.model_state.items())), dict(sorted(_reference(models[1:]).items())))
+    with pytest.raises(FileExistsError, match=rf"checkpoint directory already exists: {out}"):
+        average_last(tmp_path / "run", 3, out)
+
+
+def test_average_last_skips_corrupt_and_checks_counts_and_configs(tmp_path: Path) -> None:
+    models = _models(3)
+    paths = _save_all(tmp_path / "run", models)
+    (paths[1] / "model.safetensors").write_bytes(b"garbage")
+    with pytest.warns(CorruptCheckpointWarning, match=rf"not averaging step-000002: .*{paths[1] / 'model.safetensors'}"):
+        out = average_last(tmp_path / "run", 2, tmp_path / "avg")
+    assert json.loads((out / "COMPLETE").read_text())["averaged_from"] == ["step-000001", "step-000003"]
+    with pytest.warns(CorruptCheckpointWarning), pytest.raises(
+        ValueError, match=rf"average_last needs 3 complete checkpoints in {tmp_path / 'run'}, found 2"
+    ):
+        average_last(tmp_path / "run", 3, tmp_path / "avg3")
+    save_checkpoint(tmp_path / "run", step=4, model=models[0], config={"d": 9}, save_rng=False)
+    with pytest.raises(ValueError, match=r"cannot average checkpoints with different configs: .*step-000003/config.json vs .*step-000004/config.json"):
+        average_last(tmp_path / "run", 2, tmp_path / "avg4")
+    with pytest.raises(FileNotFoundError, match=rf"run directory does not exist: {tmp_path / 'nope'}"):
+        average_last(tmp_path / "nope", 1, tmp_path / "x")
+    with pytest.raises(ValueError, match=r"n must be an int >= 1, got 0"):
+        average_last(tmp_path / "run", 0, tmp_path / "x")
