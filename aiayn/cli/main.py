@@ -8,11 +8,23 @@ import sys
 from typing import Callable
 
 from aiayn import __version__
-from aiayn.cli import copy_task
+from aiayn.cli import bench, copy_task, explain, lab, train, viz
+from aiayn.cli import classify, fill_mask, generate, translate
+from aiayn.cli import convert
 
 # name -> (help line, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "copy-task": (copy_task.HELP, copy_task.add_arguments, copy_task.run),
+    "viz": (viz.HELP, viz.add_arguments, viz.run),
+    "explain": (explain.HELP, explain.add_arguments, explain.run),
+    "bench": (bench.HELP, bench.add_arguments, bench.run),
+    "lab": (lab.HELP, lab.add_arguments, lab.run),
+    "train": (train.HELP, train.add_arguments, train.run),
+    "translate": (translate.HELP, translate.add_arguments, translate.run),
+    "generate": (generate.HELP, generate.add_arguments, generate.run),
+    "fill-mask": (fill_mask.HELP, fill_mask.add_arguments, fill_mask.run),
+    "classify": (classify.HELP, classify.add_arguments, classify.run),
+    "convert": (convert.HELP, convert.add_arguments, convert.run),
 }
 
 
@@ -36,7 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    return COMMANDS[args.command][2](args)
+    try:
+        return COMMANDS[args.command][2](args)
+    except (ValueError, TypeError, OSError, FloatingPointError) as e:
+        if args.verbose:
+            raise
+        # A user's mistake (bad config, missing file, ...): the message says what and where; -v shows the trace.
+        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

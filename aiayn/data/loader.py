@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from aiayn.data.batching import BatchPlan
@@ -74,6 +75,9 @@ class ResumableLoader(Generic[BatchT]):
             collate_fn=_KeyedCollate(self.collate, self.plan.seed, self.rank),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            # Its own generator: a DataLoader otherwise draws a worker seed from the global RNG each time
+            # it starts an epoch, which would shift dropout masks after a resume.
+            generator=torch.Generator().manual_seed(self.plan.seed * 1_000_003 + epoch),
         )
         for batch in loader:
             self.position += 1

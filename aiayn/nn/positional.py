@@ -176,11 +176,13 @@ class ALiBiPositions(PositionalEncoding):
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def bias(self, q_len: int, k_len: int, offset: int | Tensor = 0, device: torch.device | None = None) -> Tensor:
+        # Only distances matter, and the queries are the last q_len of the k_len keys (a KV cache), so the
+        # bias needs no offset: per-row offsets (left padding) shift queries and keys alike.
         device = device if device is not None else self.slopes.device
-        q_pos = position_ids(offset, q_len, device)  # (1|B, T)
-        k_pos = torch.arange(k_len, device=device)
-        distance = (q_pos[..., :, None] - k_pos).abs().float()  # (1|B, T, S)
-        return -self.slopes.to(device)[None, :, None, None] * distance[:, None]  # (1|B, H, T, S)
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)  # (T,)
+        k_pos = torch.arange(k_len, device=device)  # (S,)
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (T, S)
+        return -self.slopes.to(device)[None, :, None, None] * distance  # (1, H, T, S)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

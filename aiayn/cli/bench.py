@@ -1,0 +1,55 @@
+"""``aiayn bench attention``: time and memory of attention, an LSTM and a convolution against sequence length."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "benchmark attention (math, sdpa) against an LSTM and a convolution as the sequence grows"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
+    att = sub.add_parser(
+        "attention", help="time and peak memory against sequence length, with fitted log-log slopes",
+        description="Forward time and peak memory of math and sdpa attention, an LSTM and a convolution of "
+        "the same width, for lengths min-len, 2 min-len, ... max-len; log-log slopes checked against the "
+        "complexity table (attention O(n^2 d), recurrent O(n d^2), convolution O(k n d^2)).",
+    )
+    att.add_argument("--max-len", type=int, default=16384, help="longest sequence (default: 16384; skipped where memory is short)")
+    att.add_argument("--min-len", type=int, default=256, help="shortest sequence (default: 256)")
+    att.add_argument("--d-model", type=int, default=64, help="width d of every layer (default: 64)")
+    att.add_argument("--heads", type=int, default=1, help="attention heads (default: 1; FLOPs do not depend on it)")
+    att.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
+    att.add_argument("--repeats", type=int, default=3, help="timed runs per point, best kept (default: 3)")
+    att.add_argument("--no-memory", action="store_true", help="skip the profiled peak memory (faster)")
+    att.add_argument("--quick", action="store_true", help="a tiny run for tests: lengths 16..64, d=16, one repeat")
+    att.add_argument("--out", type=Path, default=Path("bench"), help="output directory (default: bench)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.viz.complexity import bench_attention, default_lengths, format_bench, plot_bench
+
+    if args.quick:
+        lengths, d_model, repeats = [16, 32, 64], 16, 1
+    else:
+        try:
+            lengths = default_lengths(args.max_len, args.min_len)
+        except ValueError as e:
+            raise SystemExit(f"aiayn bench attention: {e}") from None
+        d_model, repeats = args.d_model, args.repeats
+    print(f"timing {len(lengths)} lengths ({lengths[0]}..{lengths[-1]}) x 4 layers...", flush=True)
+    try:
+        result = bench_attention(
+            lengths, d_model=d_model, n_heads=args.heads, batch=args.batch, repeats=repeats, measure_memory=not args.no_memory,
+        )
+    except ValueError as e:
+        raise SystemExit(f"aiayn bench attention: {e}") from None
+    print(format_bench(result))
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot = plot_bench(result, args.out / "bench_attention.png")
+    data = args.out / "bench_attention.json"
+    data.write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {plot} and {data}")
+    return 0

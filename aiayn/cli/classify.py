@@ -1,0 +1,32 @@
+"""``aiayn classify``: the class of each text, with an encoder-only checkpoint that has a classifier."""
+
+from __future__ import annotations
+
+import argparse
+
+from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_checkpoint, read_texts
+from aiayn.decoding.encoder_only import classify, encode_sentences
+from aiayn.models.encoder_only import EncoderOnly
+
+HELP = "classify texts (arguments, or lines on stdin) with an encoder-only checkpoint; prints LABEL<TAB>PROB<TAB>TEXT"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_checkpoint_arguments(parser)
+    parser.add_argument("text", nargs="*", metavar="TEXT", help="texts to classify (default: one per line of stdin)")
+    parser.add_argument("--batch-size", type=int, default=32, help="texts classified together (default: 32)")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_at_least("classify", args, "batch_size", 1)
+    loaded, tokenizer, _ = load_checkpoint("classify", args, EncoderOnly, "an encoder-only model")
+    texts = read_texts("classify", args.text)
+    for chunk in batches(texts, args.batch_size):
+        ids, mask = encode_sentences(tokenizer, chunk)
+        try:
+            result = classify(loaded.model, ids.to(args.device), mask.to(args.device))  # type: ignore[arg-type]
+        except ValueError as e:
+            raise SystemExit(f"aiayn classify: {e}") from None
+        for text, label, probs in zip(chunk, result.labels.tolist(), result.probs.tolist()):
+            print(f"{label}\t{probs[label]:.4f}\t{text}")
+    return 0

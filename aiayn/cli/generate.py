@@ -1,0 +1,67 @@
+"""``aiayn generate``: continue a prompt with a decoder-only checkpoint, streaming the text as it comes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_range, load_checkpoint
+from aiayn.decoding.adapters import CausalLMDecoder
+from aiayn.decoding.sampling import GenerationConfig
+from aiayn.decoding.streaming import stream_text
+from aiayn.models.decoder_only import DecoderOnly
+from aiayn.tokenization.special import BOS_ID
+
+HELP = "continue a prompt with a decoder-only checkpoint (sampling or greedy), streaming to the terminal"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_checkpoint_arguments(parser)
+    parser.add_argument("--prompt", required=True, help="text to continue (empty: start from BOS)")
+    parser.add_argument("--max-new-tokens", type=int, required=True, help="tokens to generate at most")
+    parser.add_argument("--min-new-tokens", type=int, default=0, help="tokens before EOS is allowed (default: 0)")
+    parser.add_argument("--greedy", action="store_true", help="take the most likely token instead of sampling")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, > 0 (default: 1.0)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with probability >= p (nucleus)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeated tokens (default: 1.0)")
+    parser.add_argument("--no-repeat-ngram-size", type=int, default=0, help="never repeat an n-gram of this size (default: 0 = off)")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop once this text is generated (repeatable)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default: 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_at_least("generate", args, "max_new_tokens", 1)
+    for name in ("min_new_tokens", "no_repeat_ngram_size"):
+        check_at_least("generate", args, name, 0)
+    if args.min_new_tokens > args.max_new_tokens:
+        raise SystemExit(f"aiayn generate: --min-new-tokens must be <= --max-new-tokens={args.max_new_tokens}, got {args.min_new_tokens}")
+    check_range("generate", args, "temperature", 0.0, float("inf"), "> 0 (use --greedy for temperature 0)")
+    check_at_least("generate", args, "top_k", 1)
+    check_range("generate", args, "top_p", 0.0, 1.0, "in (0, 1]")
+    check_range("generate", args, "repetition_penalty", 0.0, float("inf"), "> 0 (1 = off)")
+    if any(not stop for stop in args.stop):
+        raise SystemExit("aiayn generate: --stop must not be empty, got ''")
+    loaded, tokenizer, _ = load_checkpoint("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, greedy=args.greedy,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+        no_repeat_ngram_size=args.no_repeat_ngram_size, stop_strings=tuple(args.stop),
+    )
+    prompt = tokenizer.encode(args.prompt) or [BOS_ID]
+    ids = torch.tensor([prompt], device=args.device)
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    pieces = stream_text(CausalLMDecoder(loaded.model), ids, None, config, detokenize=tokenizer.decode, generator=generator)  # type: ignore[arg-type]
+    try:
+        first = next(pieces, "")  # the prefill: a bad length fails here, before anything is printed
+    except ValueError as e:
+        raise SystemExit(f"aiayn generate: {e}") from None
+    sys.stdout.write(args.prompt + first)
+    sys.stdout.flush()
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0

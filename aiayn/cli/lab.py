@@ -1,0 +1,33 @@
+"""``aiayn lab NAME``: run one of the experiments that test the tutorials' claims, and print its verdict."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "run an experiment that tests a claim about the Transformer (scaling, prenorm, positions, heads, smoothing)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from aiayn.lab import LABS
+
+    parser.add_argument("name", choices=[*LABS, "all"], metavar="NAME",
+                        help="; ".join(f"{k}: {v}" for k, v in LABS.items()) + "; all: every one in turn")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds; for tests, not for conclusions)")
+    parser.add_argument("--out", type=Path, default=Path("lab"), help="directory for the plot and the JSON result (default: lab)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.lab import LABS, run_lab
+
+    names = list(LABS) if args.name == "all" else [args.name]
+    for name in names:
+        print(f"running lab {name}{' (quick)' if args.quick else ''}...", flush=True)
+        result = run_lab(name, quick=args.quick, out_dir=args.out, seed=args.seed)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"lab_{name}.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
+        print(result.format())
+        print()
+    return 0

@@ -1,0 +1,44 @@
+"""``aiayn train CONFIG [--set key=value ...]``: train from a YAML recipe, resuming when the run has checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from aiayn.config_io import apply_overrides, load_yaml
+from aiayn.training.config import TrainConfig
+
+HELP = "train a model from a YAML config (resumes the run directory's newest checkpoint)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="a YAML training config (see recipes/)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config value by its dotted key, e.g. --set optim.lr=5e-4 (repeatable)",
+    )
+    parser.add_argument("--run-dir", help="where checkpoints and metrics go (default: the config's run_dir)")
+    parser.add_argument("--data-dir", help="where the data sets are (default: $AIAYN_DATA_DIR, then the user cache)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--resume", metavar="PATH", help="resume from this checkpoint or run directory")
+    group.add_argument("--fresh", action="store_true", help="start from scratch (the run directory must hold no checkpoint)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiayn.training.loop import train  # imported here: keeps `aiayn --help` fast
+
+    overrides = list(args.overrides)
+    if args.run_dir:
+        overrides.append(f"run_dir={args.run_dir}")
+    if args.data_dir:
+        overrides.append(f"data.data_dir={args.data_dir}")
+    config = apply_overrides(load_yaml(args.config, TrainConfig), overrides)
+    resume: bool | str = args.resume or (False if args.fresh else "auto")
+    result = train(config, resume=resume)
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun, rank 0 reports
+    summary = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items())
+    print(f"done: step {result.step} in {result.run_dir}" + (f" ({summary})" if summary else ""))
+    if result.last_checkpoint is not None:
+        print(f"last checkpoint: {result.last_checkpoint}")
+    return 0

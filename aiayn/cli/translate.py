@@ -1,0 +1,54 @@
+"""``aiayn translate``: translate text with an encoder-decoder checkpoint (beam search, section 6.1)."""
+
+from __future__ import annotations
+
+import argparse
+
+from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_checkpoint, read_texts
+from aiayn.decoding.adapters import Seq2SeqDecoder
+from aiayn.decoding.beam import BeamConfig, beam_search
+from aiayn.decoding.protocol import right_pad
+from aiayn.models.encoder_decoder import EncoderDecoder
+
+HELP = "translate text (arguments, or lines on stdin) with an encoder-decoder checkpoint; beam 4, alpha 0.6 by default"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_checkpoint_arguments(parser)
+    parser.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (default: one per line of stdin)")
+    parser.add_argument("--beam-size", type=int, default=4, help="beam size; 1 = greedy (default: 4, section 6.1)")
+    parser.add_argument("--length-penalty", type=float, default=0.6,
+                        help="alpha of the GNMT length penalty ((5 + len) / 6)^alpha (default: 0.6)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="longest output in tokens (default: source length + 50, section 6.1)")
+    parser.add_argument("--n-best", type=int, default=1,
+                        help="hypotheses to print per sentence, as INDEX<TAB>SCORE<TAB>TEXT (default: 1, text only)")
+    parser.add_argument("--batch-size", type=int, default=16, help="sentences decoded together (default: 16)")
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("beam_size", "n_best", "batch_size", "max_new_tokens"):
+        check_at_least("translate", args, name, 1)
+    if args.n_best > args.beam_size:
+        raise SystemExit(f"aiayn translate: --n-best must be <= --beam-size={args.beam_size}, got {args.n_best}")
+    loaded, src_tok, tgt_tok = load_checkpoint("translate", args, EncoderDecoder, "an encoder-decoder model")
+    config = BeamConfig(
+        beam_size=args.beam_size, length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, n_best=args.n_best,
+    )
+    decoder = Seq2SeqDecoder(loaded.model)  # type: ignore[arg-type]
+    texts = read_texts("translate", args.text)
+    index = 0
+    for chunk in batches(texts, args.batch_size):
+        ids, mask = right_pad([src_tok.encode(text, add_eos=True) for text in chunk], device=args.device)  # fairseq-style EOS, as in training
+        try:
+            results = beam_search(decoder, ids, mask, config)
+        except ValueError as e:
+            raise SystemExit(f"aiayn translate: {e}") from None
+        for hypotheses in results:
+            if args.n_best == 1:
+                print(tgt_tok.decode(hypotheses[0].tokens) if hypotheses else "")
+            else:
+                for hyp in hypotheses:
+                    print(f"{index}\t{hyp.score:.4f}\t{tgt_tok.decode(hyp.tokens)}")
+            index += 1
+    return 0

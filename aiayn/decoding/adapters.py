@@ -1,0 +1,226 @@
+"""The two generative families behind the :class:`~aiayn.decoding.protocol.Decoder` protocol.
+
+* :class:`Seq2SeqDecoder` (encoder-decoder): encodes the source once; its cross-attention keys and
+  values are projected on the first step and then read from the cache (reordering beams copies them).
+* :class:`CausalLMDecoder` (decoder-only): prefills a left-padded prompt in one pass. Row ``b``'s
+  column ``c`` is position ``c - pads[b]`` (per-row offsets), and the key padding mask covers the
+  cached and the new positions, so a padded batch gives each row the logits it would get alone.
+
+``use_cache=False`` recomputes the whole prefix every step (the reference the cache is tested
+against); ``static_cache=True`` preallocates the cache for the longest possible output.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState
+from aiayn.models.decoder_only import DecoderOnly
+from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.nn.masks import check_padding_mask
+from aiayn.nn.positional import LearnedPositions, PositionalEncoding
+from aiayn.tokenization.special import BOS_ID
+
+__all__ = ["Seq2SeqDecoder", "CausalLMDecoder", "as_decoder"]
+
+log = logging.getLogger(__name__)
+
+
+class Seq2SeqDecoder:
+    """Decode an :class:`EncoderDecoder`: ``start(src (B, S), src_mask (B, S))`` then one token per step.
+
+    Without ``max_new_tokens`` each row may generate its source length + 50 tokens (section 6.1),
+    capped by learned target positions. Every row starts from ``bos_id``.
+    """
+
+    def __init__(self, model: EncoderDecoder, *, use_cache: bool = True, static_cache: bool = False, bos_id: int = BOS_ID) -> None:
+        if static_cache and not use_cache:
+            raise ValueError("static_cache=True needs use_cache=True")
+        _warn_if_training(model)
+        self.model, self.use_cache, self.static_cache, self.bos_id = model, use_cache, static_cache, bos_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.target_vocab_size
+
+    @torch.no_grad()
+    def start(self, ids: Tensor, mask: Tensor | None = None, *, max_new_tokens: int | None = None) -> tuple[DecodeState, Tensor]:
+        """Encode ``ids (B, S)`` (``mask``: ``True`` = real token; default ``ids != pad_id``); feed BOS.
+
+        Raises ``ValueError`` for an all-padding row or ``max_new_tokens`` beyond learned positions.
+        """
+        model = self.model
+        ids, mask = _inputs(ids, mask, model.config.pad_id, _device(model), "src")
+        batch = ids.shape[0]
+        lengths = mask.sum(dim=1) if mask is not None else torch.full((batch,), ids.shape[1], device=ids.device)
+        limit = _position_limit(model.tgt_positions)  # target positions 0 .. max_new_tokens - 1 are fed
+        if max_new_tokens is None:
+            max_new = lengths + SOURCE_EXTRA_TOKENS
+            if limit is not None:
+                max_new = max_new.clamp(max=limit)
+        else:
+            _check_max_new(max_new_tokens, limit, "the target's learned positions")
+            max_new = torch.full((batch,), max_new_tokens, device=ids.device)
+        memory = model.encode(ids, mask)  # (B, S, D): once per source
+        cache = None
+        if self.use_cache:
+            cache = model.new_cache(max_len=1 + int(max_new.max()) if self.static_cache else None)
+        bos = torch.full((batch,), self.bos_id, dtype=torch.long, device=ids.device)
+        state = DecodeState(
+            tokens=bos[:, None], mask=torch.ones(batch, 1, dtype=torch.bool, device=ids.device),
+            max_new_tokens=max_new.long(), pads=torch.zeros(batch, dtype=torch.long, device=ids.device),
+            cache=cache, memory=memory, memory_mask=mask,
+        )
+        return state, self._logits(state, bos[:, None])
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, state: DecodeState) -> Tensor:
+        state.append(tokens)
+        return self._logits(state, tokens[:, None])
+
+    def reorder(self, state: DecodeState, index: Tensor) -> None:
+        state.select(index)
+
+    def _logits(self, state: DecodeState, new: Tensor) -> Tensor:
+        if state.memory is None:
+            raise ValueError("state has no encoder output (memory): start() it with this decoder")
+        if state.cache is not None:
+            logits = self.model.decode(new, state.memory, src_mask=state.memory_mask, cache=state.cache)
+        else:
+            logits = self.model.decode(state.tokens, state.memory, src_mask=state.memory_mask, tgt_mask=state.mask)
+        return logits[:, -1]  # (B, V)
+
+
+class CausalLMDecoder:
+    """Decode a :class:`DecoderOnly`: ``start(prompt (B, P), mask (B, P), max_new_tokens=N)``.
+
+    Prompts must be left-padded (see :func:`~aiayn.decoding.protocol.left_pad`); ``mask`` defaults
+    to ``ids != pad_id``.
+    """
+
+    def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False) -> None:
+        if static_cache and not use_cache:
+            raise ValueError("static_cache=True needs use_cache=True")
+        _warn_if_training(model)
+        self.model, self.use_cache, self.static_cache = model, use_cache, static_cache
+        # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
+        # scores depend only on distances, which left padding does not change.
+        self._column_positions = model.positions.kind in ("alibi", "none")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @torch.no_grad()
+    def start(self, ids: Tensor, mask: Tensor | None = None, *, max_new_tokens: int | None = None) -> tuple[DecodeState, Tensor]:
+        """Prefill the prompt ``ids (B, P)``; return the state and the logits ``(B, V)`` of the first new token.
+
+        Raises ``ValueError`` when ``max_new_tokens`` is missing or too long for learned positions,
+        when a row is all padding, or when the padding is not on the left.
+        """
+        model = self.model
+        if max_new_tokens is None:
+            raise ValueError("max_new_tokens is required for a decoder-only model (there is no source length to derive it from)")
+        ids, mask = _inputs(ids, mask, model.config.pad_id, _device(model), "prompt")
+        batch, prompt_len = ids.shape
+        if mask is None:
+            mask = torch.ones_like(ids, dtype=torch.bool)
+        elif prompt_len > 1 and not bool((mask[:, 1:] >= mask[:, :-1]).all()):
+            raise ValueError("prompts must be left-padded (mask False only before a row's first token); use left_pad()")
+        longest = int(mask.sum(dim=1).max())
+        limit = _position_limit(model.positions)
+        _check_max_new(max_new_tokens, None if limit is None else limit - longest + 1, "the learned positions after the prompt")
+        cache = None
+        if self.use_cache:
+            cache = model.new_cache(max_len=prompt_len + max_new_tokens if self.static_cache else None)
+        state = DecodeState(
+            tokens=ids, mask=mask, max_new_tokens=torch.full((batch,), max_new_tokens, device=ids.device),
+            pads=(~mask).sum(dim=1), cache=cache,
+        )
+        logits = model(ids, self._pad_mask(state), cache=cache, offset=self._offset(state, 0))
+        return state, logits[:, -1]
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, state: DecodeState) -> Tensor:
+        state.append(tokens)
+        if state.cache is not None:
+            column = state.tokens.shape[1] - 1
+            logits = self.model(tokens[:, None], self._pad_mask(state), cache=state.cache, offset=self._offset(state, column))
+        else:
+            logits = self.model(state.tokens, self._pad_mask(state), offset=self._offset(state, 0))
+        return logits[:, -1]
+
+    def reorder(self, state: DecodeState, index: Tensor) -> None:
+        state.select(index)
+
+    def _pad_mask(self, state: DecodeState) -> Tensor | None:
+        # Explicit without a cache: the model would otherwise guess padding from pad_id, and a
+        # generated pad-id token is a real token here. With a cache, None keeps the unmasked path.
+        if state.cache is not None and not bool(state.pads.any()):
+            return None
+        return state.mask
+
+    def _offset(self, state: DecodeState, column: int) -> int | Tensor:
+        """Position of ``column`` in each row: ``column - pads`` (an int when no row is padded)."""
+        if self._column_positions or not bool(state.pads.any()):
+            return column
+        return column - state.pads  # (B,)
+
+
+def as_decoder(model: nn.Module | Decoder, *, use_cache: bool = True, static_cache: bool = False) -> Decoder:
+    """The :class:`Decoder` for a generative model (a decoder is returned as it is).
+
+    Raises ``TypeError`` for a model that does not generate.
+    """
+    if not isinstance(model, nn.Module):
+        return model
+    if isinstance(model, EncoderDecoder):
+        return Seq2SeqDecoder(model, use_cache=use_cache, static_cache=static_cache)
+    if isinstance(model, DecoderOnly):
+        return CausalLMDecoder(model, use_cache=use_cache, static_cache=static_cache)
+    raise TypeError(
+        f"cannot generate with a {type(model).__name__}: only EncoderDecoder and DecoderOnly models generate "
+        "(for an EncoderOnly model use aiayn.decoding.fill_mask or classify)"
+    )
+
+
+def _inputs(ids: Tensor, mask: Tensor | None, pad_id: int | None, device: torch.device, name: str) -> tuple[Tensor, Tensor | None]:
+    """Move ``ids``/``mask`` to the model, derive the mask from ``pad_id``, reject all-padding rows."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[1] == 0:
+        got = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be a (B, L) tensor of token ids with L >= 1, got {got}")
+    ids = ids.to(device)
+    if mask is None and pad_id is not None:
+        mask = ids != pad_id
+    if mask is not None:
+        check_padding_mask(mask, f"{name} mask", shape=tuple(ids.shape))
+        mask = mask.to(device)
+        empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"{name} rows {empty} are all padding: every row needs at least one real token")
+        if bool(mask.all()):
+            mask = None
+    return ids, mask
+
+
+def _check_max_new(max_new_tokens: int, limit: int | None, what: str) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if limit is not None and max_new_tokens > limit:
+        raise ValueError(f"max_new_tokens={max_new_tokens} does not fit {what}: at most {max(limit, 0)}")
+
+
+def _position_limit(positions: PositionalEncoding) -> int | None:
+    return positions.max_len if isinstance(positions, LearnedPositions) else None
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _warn_if_training(model: nn.Module) -> None:
+    if model.training:
+        log.warning("decoding a %s in training mode: dropout makes outputs random; call model.eval()", type(model).__name__)

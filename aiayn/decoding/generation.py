@@ -1,0 +1,143 @@
+"""The token-by-token loop of greedy decoding and sampling, batched, as an iterator of steps.
+
+:func:`generate_steps` yields each step's tokens as they come (streaming); :func:`generate`
+collects them. Each row stops on its own: after EOS, after a stop string, or at its token limit;
+finished rows then emit ``pad_id`` until every row is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.decoding.adapters import as_decoder
+from aiayn.decoding.protocol import Decoder
+from aiayn.decoding.sampling import GenerationConfig, next_token
+
+__all__ = ["GenerationStep", "Generation", "generate_steps", "generate", "STOP_EOS", "STOP_STRING", "STOP_LENGTH"]
+
+STOP_EOS, STOP_STRING, STOP_LENGTH = "eos", "stop_string", "max_new_tokens"
+
+
+@dataclass
+class GenerationStep:
+    """One step of a batch: ``tokens (B,)`` (``pad_id`` where a row had already finished),
+    ``emitted (B,)`` which rows produced ``tokens[b]``, and ``stopped``: row -> why it finished now."""
+
+    tokens: Tensor
+    emitted: Tensor
+    stopped: dict[int, str]
+
+
+@dataclass
+class Generation:
+    """``tokens (B, N)``: generated ids (EOS included), ``pad_id`` after a row's end; ``lengths (B,)``:
+    tokens per row; ``stop_reasons``: ``"eos"``, ``"stop_string"`` or ``"max_new_tokens"`` per row."""
+
+    tokens: Tensor
+    lengths: Tensor
+    stop_reasons: list[str]
+
+    def sequences(self) -> list[list[int]]:
+        """Each row's generated ids, without the padding after its end."""
+        return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist())]
+
+
+def generate_steps(
+    decoder: Decoder | nn.Module,
+    ids: Tensor,
+    mask: Tensor | None = None,
+    config: GenerationConfig | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    detokenize: Callable[[Sequence[int]], str] | None = None,
+) -> Iterator[GenerationStep]:
+    """Decode ``ids (B, L)`` (a source, or a left-padded prompt; ``mask`` bool, ``True`` = real token),
+    yielding a :class:`GenerationStep` per step.
+
+    ``decoder``: a :class:`~aiayn.decoding.protocol.Decoder`, or a generative model (wrapped with the
+    KV cache). ``generator``: the random source of sampling (fix its seed to reproduce a run).
+    ``detokenize``: ids -> text, needed for ``config.stop_strings``. Raises ``ValueError`` for
+    stop strings without ``detokenize`` and for inputs the decoder rejects.
+    """
+    config = config if config is not None else GenerationConfig()
+    if config.stop_strings and detokenize is None:
+        raise ValueError("config.stop_strings needs detokenize (ids -> text), e.g. detokenize=tokenizer.decode")
+    decoder = as_decoder(decoder)
+    state, logits = decoder.start(ids, mask, max_new_tokens=config.max_new_tokens)
+    batch = state.batch_size
+    device = logits.device
+    n_generated = torch.zeros(batch, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    texts = _StopStrings(config.stop_strings, detokenize, batch) if config.stop_strings else None
+    for _ in range(int(state.max_new_tokens.max())):
+        tokens = next_token(logits, state, n_generated, config, generator)
+        emitted = ~finished
+        tokens = tokens.masked_fill(finished, config.pad_id)
+        n_generated += emitted.long()
+        stopped: dict[int, str] = {}
+        done = torch.zeros_like(finished)
+        if config.eos_id is not None:
+            done = emitted & (tokens == config.eos_id)
+            stopped.update((b, STOP_EOS) for b in done.nonzero().flatten().tolist())
+        if texts is not None:
+            for b in texts.update(tokens, emitted & ~done):
+                stopped[b] = STOP_STRING
+                done[b] = True
+        at_limit = emitted & ~done & (n_generated >= state.max_new_tokens)
+        stopped.update((b, STOP_LENGTH) for b in at_limit.nonzero().flatten().tolist())
+        finished |= done | at_limit
+        yield GenerationStep(tokens, emitted, stopped)
+        if bool(finished.all()):
+            return
+        logits = decoder.step(tokens, state)
+
+
+def generate(
+    decoder: Decoder | nn.Module,
+    ids: Tensor,
+    mask: Tensor | None = None,
+    config: GenerationConfig | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    detokenize: Callable[[Sequence[int]], str] | None = None,
+    on_step: Callable[[GenerationStep], None] | None = None,
+) -> Generation:
+    """Run :func:`generate_steps` to the end and collect a :class:`Generation`.
+
+    ``on_step``: called with each step as it comes (the callback form of streaming).
+    """
+    steps, reasons = [], {}
+    for step in generate_steps(decoder, ids, mask, config, generator=generator, detokenize=detokenize):
+        if on_step is not None:
+            on_step(step)
+        steps.append(step)
+        reasons.update(step.stopped)
+    tokens = torch.stack([s.tokens for s in steps], dim=1)  # (B, N)
+    lengths = torch.stack([s.emitted for s in steps], dim=1).sum(dim=1)  # (B,)
+    return Generation(tokens, lengths, [reasons[b] for b in range(tokens.shape[0])])
+
+
+class _StopStrings:
+    """Each row's generated ids, detokenized after every step to look for a stop string."""
+
+    def __init__(self, stop_strings: tuple[str, ...], detokenize: Callable[[Sequence[int]], str], batch: int) -> None:
+        self.stop_strings, self.detokenize = stop_strings, detokenize
+        self.ids: list[list[int]] = [[] for _ in range(batch)]
+        self.checked = [0] * batch  # characters already searched (minus an overlap for stops across steps)
+        self.longest = max(len(s) for s in stop_strings)
+
+    def update(self, tokens: Tensor, rows: Tensor) -> list[int]:
+        """Add ``tokens[b]`` for ``rows``; return the rows whose text now contains a stop string."""
+        hits = []
+        for b in rows.nonzero().flatten().tolist():
+            self.ids[b].append(int(tokens[b]))
+            text = self.detokenize(self.ids[b])
+            start = max(0, self.checked[b] - self.longest + 1)
+            if any(stop in text[start:] for stop in self.stop_strings):
+                hits.append(b)
+            self.checked[b] = len(text)
+        return hits

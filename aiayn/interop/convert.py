@@ -1,0 +1,103 @@
+"""Directory to directory: a Hugging Face model directory <-> an aiayn model directory (``aiayn.pretrained``).
+
+The aiayn side also gets ``hf_source.json`` (the original ``config.json``, the class name, the
+dropped keys and why there is no tokenizer), so exporting it again keeps the token ids and label
+names that our configs have no field for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiayn.interop.hf import Exported, Imported, load_hf, save_hf
+from aiayn.interop.hf_dir import CONFIG_FILE
+from aiayn.pretrained import load_pretrained, save_pretrained
+
+__all__ = ["convert_from_hf", "convert_to_hf", "SOURCE_FILE"]
+
+log = logging.getLogger(__name__)
+
+SOURCE_FILE = "hf_source.json"
+
+
+def convert_from_hf(
+    hf_dir: str | Path, out_dir: str | Path, *, architecture: str | None = None, overwrite: bool = False
+) -> Imported:
+    """Read the Hugging Face directory ``hf_dir``, write an aiayn model directory ``out_dir``.
+
+    The tokenizer comes along only if ``tokenizer.json`` is in aiayn's special-token layout
+    (``Imported.tokenizer_note`` says why not). Raises what :func:`~aiayn.interop.load_hf` raises,
+    ``FileExistsError`` if ``out_dir`` exists and not ``overwrite``, and ``ValueError`` when
+    ``hf_dir`` is an aiayn directory.
+    """
+    _refuse_wrong_side(Path(hf_dir), expect="hf")
+    imported = load_hf(hf_dir, architecture=architecture)
+    target = save_pretrained(out_dir, imported.model, imported.tokenizer, overwrite=overwrite)
+    source = {
+        "architecture": imported.architecture, "config": imported.hf_config, "dropped": imported.dropped,
+        "tokenizer_note": imported.tokenizer_note, "from": str(Path(hf_dir).resolve()),
+    }
+    (target / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    return imported
+
+
+def convert_to_hf(
+    our_dir: str | Path, hf_dir: str | Path, *, architecture: str | None = None, overwrite: bool = False
+) -> tuple[Exported, str | None]:
+    """Read the aiayn model directory ``our_dir``, write a Hugging Face directory ``hf_dir``.
+
+    Returns the export and why no tokenizer was written (``None`` if one was). Raises
+    ``FileExistsError`` if ``hf_dir`` exists and not ``overwrite``, ``ConfigError`` naming the field
+    no supported class can hold.
+    """
+    _refuse_wrong_side(Path(our_dir), expect="aiayn")
+    target = Path(hf_dir)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    loaded = load_pretrained(our_dir)
+    extras = _read_source(loaded.path)
+    tokenizer, note = loaded.src_tokenizer, None
+    if tokenizer is None:
+        note = "the aiayn directory holds no tokenizer"
+    elif loaded.tgt_tokenizer is not tokenizer:
+        tokenizer, note = None, "source and target tokenizers differ; a Hugging Face directory holds one tokenizer.json"
+    tmp = target.with_name(f".tmp-{target.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        exported = save_hf(tmp, loaded.model, tokenizer=tokenizer, architecture=architecture, hf_extras=extras)
+        if tokenizer is not None and not (tmp / "tokenizer.json").is_file():
+            note = f"a {type(tokenizer).__name__} has no tokenizer.json form"
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return exported, note
+
+
+def _read_source(directory: Path) -> dict[str, Any] | None:
+    file = directory / SOURCE_FILE
+    if not file.is_file():
+        return None
+    return json.loads(file.read_text(encoding="utf-8")).get("config")
+
+
+def _refuse_wrong_side(directory: Path, *, expect: str) -> None:
+    """A clear error when the two kinds of directory (both with a config.json) are swapped."""
+    file = directory / CONFIG_FILE
+    if not file.is_file():
+        return
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return
+    if expect == "hf" and "family" in config and "architectures" not in config:
+        raise ValueError(f"{directory} is an aiayn model directory, not a Hugging Face one: export it with --to-hf DIR --from {directory}")
+    if expect == "aiayn" and "architectures" in config and "family" not in config:
+        raise ValueError(f"{directory} is a Hugging Face model directory: import it with --from-hf {directory} --to DIR")

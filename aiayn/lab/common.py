@@ -1,0 +1,128 @@
+"""What the experiments share: the result record, a minimal training loop and evaluation helpers.
+
+The loop is deliberately tiny (Adam, a per-step learning rate, label-smoothed cross-entropy):
+each experiment must show one effect in minutes on a CPU, with everything else held equal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.training.losses import label_smoothed_cross_entropy
+from aiayn.tokenization.special import PAD_ID
+
+__all__ = ["LabResult", "TrainLog", "train", "token_accuracy", "held_out_nll", "Batch"]
+
+Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
+
+
+@dataclass
+class LabResult:
+    """What an experiment found: the claim, a verdict and the numbers behind it."""
+
+    name: str
+    claim: str
+    verdict: str  # "confirmed", "partly confirmed" or "not confirmed"
+    summary: str  # the measured numbers in a few sentences
+    numbers: dict[str, Any]
+    plot: Path | None = None
+    seconds: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def format(self) -> str:
+        lines = [
+            f"lab {self.name}: {self.verdict.upper()}",
+            f"claim: {self.claim}",
+            f"measured: {self.summary}",
+            f"settings: {', '.join(f'{k}={v}' for k, v in self.settings.items())}",
+            f"time: {self.seconds:.1f} s",
+        ]
+        if self.plot is not None:
+            lines.append(f"plot: {self.plot}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "claim": self.claim, "verdict": self.verdict, "summary": self.summary,
+            "numbers": self.numbers, "plot": str(self.plot) if self.plot else None, "seconds": self.seconds,
+            "settings": self.settings,
+        }
+
+
+@dataclass
+class TrainLog:
+    losses: list[float]
+    diverged_at: int | None  # the step whose loss was not finite, if any
+    seconds: float
+
+
+def train(
+    model: nn.Module,
+    next_batch: Callable[[], Batch],
+    *,
+    steps: int,
+    lr_at: Callable[[int], float],
+    smoothing: float = 0.0,
+    clip: float | None = None,
+) -> TrainLog:
+    """Train an encoder-decoder for ``steps`` Adam steps (betas 0.9/0.98, eps 1e-9, section 5.3).
+
+    ``lr_at(step)`` gives the learning rate of step ``1..steps``. Stops early at a non-finite loss.
+    """
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(1), betas=(0.9, 0.98), eps=1e-9)
+    model.train()
+    losses: list[float] = []
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        src, tgt_in, tgt_out = next_batch()
+        loss_sum, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, pad_id=PAD_ID, smoothing=smoothing)
+        loss = loss_sum / count
+        if not torch.isfinite(loss):
+            return TrainLog(losses, step, time.perf_counter() - start)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        losses.append(loss.item())
+    return TrainLog(losses, None, time.perf_counter() - start)
+
+
+@torch.no_grad()
+def token_accuracy(model: nn.Module, batch: Batch, positions: slice | None = None) -> float:
+    """Teacher-forced accuracy of the argmax over non-pad targets (optionally only at ``positions``)."""
+    model.eval()
+    src, tgt_in, tgt_out = batch
+    pred = model(src, tgt_in).argmax(dim=-1)  # (B, T)
+    keep = tgt_out != PAD_ID
+    if positions is not None:
+        sel = torch.zeros_like(keep)
+        sel[:, positions] = True
+        keep &= sel
+    return float((pred == tgt_out)[keep].float().mean()) if bool(keep.any()) else math.nan
+
+
+@torch.no_grad()
+def held_out_nll(model: nn.Module, batch: Batch) -> float:
+    """Mean negative log-likelihood per target token (no smoothing): ``exp`` of it is the perplexity."""
+    model.eval()
+    src, tgt_in, tgt_out = batch
+    loss_sum, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, pad_id=PAD_ID, smoothing=0.0)
+    return float(loss_sum / count)
+
+
+def tail_mean(values: list[float], fraction: float = 0.1) -> float:
+    """Mean of the last ``fraction`` of ``values`` (at least one), NaN when empty."""
+    if not values:
+        return math.nan
+    n = max(1, int(len(values) * fraction))
+    return sum(values[-n:]) / n

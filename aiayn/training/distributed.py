@@ -1,0 +1,66 @@
+"""Data-parallel training through ``torchrun``: process-group set-up, and the few collectives the loop needs.
+
+``torchrun --nproc_per_node=2 -m aiayn train CONFIG`` starts one process per rank with RANK,
+WORLD_SIZE and LOCAL_RANK set; gloo on CPU, nccl on GPU. Only rank 0 writes checkpoints and logs.
+Models too large for one device need sharding (FSDP, ``torch.distributed.fsdp.fully_shard``),
+which this project does not build: wrap the model there instead of in DDP.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistInfo", "init_distributed", "all_reduce_sum", "any_rank", "shutdown"]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device, timeout_s: float = 120.0) -> DistInfo:
+    """Join the process group torchrun describes in the environment; a single process needs none."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        # A timeout, so that a rank whose peer died raises instead of hanging forever.
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def all_reduce_sum(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum a tensor over all ranks (a no-op on one process)."""
+    if info.enabled:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True on every rank if ``flag`` is true on any rank: one decision for all (e.g. a non-finite loss)."""
+    if not info.enabled:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

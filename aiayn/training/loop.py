@@ -1,0 +1,293 @@
+"""``train(config)``: one readable loop for all three families, resumable and data-parallel.
+
+Each step: take ``accumulate`` micro-batches, normalise the summed loss by the number of target
+tokens of the whole step (all micro-batches, all ranks), backpropagate, check for non-finite values,
+clip, step Adam and the schedule. Every ``eval_every`` steps validate; every ``save_every`` steps
+write an atomic checkpoint that holds everything needed to continue bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from aiayn.config_io import save_yaml, to_dict
+from aiayn.models.config import TransformerConfig
+from aiayn.models.presets import model_class
+from aiayn.tokenization.compat import check_tokenizer_fits
+from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
+from aiayn.training.checkpoint import (
+    BestValue,
+    Checkpoint,
+    list_checkpoints,
+    latest_checkpoint,
+    load_checkpoint,
+    resolve_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+)
+from aiayn.training.config import TrainConfig, build_model_config
+from aiayn.training.distributed import DistInfo, all_reduce_sum, any_rank, init_distributed, shutdown
+from aiayn.training.evaluate import validate
+from aiayn.training.metrics_log import MetricsLog
+from aiayn.training.objectives import Objective, loss_count
+from aiayn.training.optim import build_optimizer_from_config, build_scheduler
+from aiayn.training.retention import rotate_checkpoints, update_best
+from aiayn.training.tasks import TaskData, build_task_data
+
+__all__ = ["train", "TrainResult", "EvalHook"]
+
+log = logging.getLogger(__name__)
+EvalHook = Callable[[nn.Module, TaskData, int], dict[str, float]]  # (model, data, step) -> extra metrics
+MAX_SKIPPED_IN_A_ROW = 100
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    model: nn.Module
+    data: TaskData
+    last_checkpoint: Path | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHook | None = None) -> TrainResult:
+    """Train as ``config`` says; ``resume``: ``"auto"`` (the newest complete checkpoint of ``run_dir``
+    if any), ``False`` (start fresh; ``run_dir`` must hold no checkpoint), or a checkpoint/run path."""
+    loop = config.train
+    device = _device(loop.device)
+    dist_info = init_distributed(device)
+    if device.type == "cuda" and dist_info.enabled:
+        device = torch.device("cuda", dist_info.local_rank)
+    if loop.precision == "fp16" and device.type != "cuda":
+        raise ValueError(f"train.precision=fp16 needs a GPU (a gradient scaler on CUDA); device is {device}. Use bf16 on CPU")
+    run_dir = Path(config.run_dir)
+    checkpoint = _resume_point(run_dir, resume)
+    if checkpoint is not None and dist_info.is_main:
+        _set_aside_newer(run_dir, checkpoint.step)
+    try:
+        return _train(config, run_dir, device, dist_info, checkpoint, eval_hook)
+    finally:
+        shutdown(dist_info)
+
+
+def _train(
+    config: TrainConfig,
+    run_dir: Path,
+    device: torch.device,
+    dist_info: DistInfo,
+    checkpoint: Checkpoint | None,
+    eval_hook: EvalHook | None,
+) -> TrainResult:
+    loop = config.train
+    torch.manual_seed(loop.seed)  # same initial weights on every rank
+    tokenizers = load_tokenizer_pair(checkpoint.path) if checkpoint else None
+    data = build_task_data(config.data, seed=loop.seed, rank=dist_info.rank, world_size=dist_info.world_size, tokenizers=tokenizers)
+    model_config = _model_config(config, data)
+    model = model_class(model_config)(model_config).to(device)
+    check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
+    optimizer = build_optimizer_from_config(model, config.optim)
+    scheduler = build_scheduler(optimizer, config.schedule)
+    step, best = 0, None
+    if checkpoint is not None:
+        _check_same_model(checkpoint, model_config)
+        restore_training_state(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, rng=True)
+        assert checkpoint.trainer is not None  # restore_training_state checked it
+        data.train.load_state_dict(checkpoint.trainer.data or {})
+        step, best = checkpoint.step, checkpoint.trainer.best
+        log.info("resumed from %s at step %d", checkpoint.path, step)
+    elif dist_info.rank:
+        torch.manual_seed(loop.seed + dist_info.rank)  # different dropout masks per rank
+
+    objective = Objective(model, data.task, label_smoothing=loop.label_smoothing)
+    runner: nn.Module = torch.compile(objective) if loop.compile else objective  # type: ignore[assignment]
+    if dist_info.enabled:
+        runner = nn.parallel.DistributedDataParallel(runner, device_ids=[device.index] if device.type == "cuda" else None)
+    session = _Session(
+        config=config, run_dir=run_dir, device=device, dist=dist_info, data=data, model=model, model_config=model_config,
+        optimizer=optimizer, scheduler=scheduler, objective=objective, runner=runner,
+        autocast=_autocast(loop.precision, device), scaler=torch.amp.GradScaler("cuda", enabled=loop.precision == "fp16"),
+    )
+    if dist_info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_yaml(config, run_dir / "train_config.yaml")
+        tokenizer_files = save_tokenizer_pair(run_dir / "tokenizer", data.src_tokenizer, data.tgt_tokenizer)
+        session.extra_files = [run_dir / "train_config.yaml", *tokenizer_files]
+        session.metrics_log = MetricsLog(run_dir, tensorboard=loop.tensorboard, resume_step=step if checkpoint else None)
+    try:
+        return _loop(session, step, best, eval_hook)
+    finally:
+        if session.metrics_log is not None:
+            session.metrics_log.close()
+
+
+@dataclass
+class _Session:
+    """Everything one training run holds, built once by ``_train`` and used by ``_loop``."""
+
+    config: TrainConfig
+    run_dir: Path
+    device: torch.device
+    dist: DistInfo
+    data: TaskData
+    model: nn.Module
+    model_config: TransformerConfig
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    objective: Objective
+    runner: nn.Module  # the objective, maybe compiled and/or wrapped in DDP
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    scaler: torch.amp.GradScaler
+    metrics_log: MetricsLog | None = None
+    extra_files: list[Path] = field(default_factory=list)
+
+
+def _loop(s: _Session, step: int, best: BestValue | None, eval_hook: EvalHook | None) -> TrainResult:
+    """Step until ``max_steps`` (or ``stop_after``); validate, log and save on schedule."""
+    loop, dist_info, device = s.config.train, s.dist, s.device
+    data, model, optimizer, scheduler, runner, scaler, metrics_log = (
+        s.data, s.model, s.optimizer, s.scheduler, s.runner, s.scaler, s.metrics_log
+    )
+    end = loop.stop_after or loop.max_steps
+    batches = _forever(data.train)
+    bar = tqdm(total=loop.max_steps, initial=step, disable=not (loop.progress and dist_info.is_main), dynamic_ncols=True)
+    last_saved, metrics, metrics_step = None, {}, -1  # the latest validation and the step it was made at
+    skipped, tokens, started = 0, 0, time.perf_counter()
+    model.train()
+    while step < end:
+        micro = [next(batches) for _ in range(loop.accumulate)]
+        # Normalise by the target count of the whole step, so accumulation and DDP equal one big batch.
+        step_count = float(all_reduce_sum(torch.tensor(float(sum(loss_count(b) for b in micro)), device=device), dist_info))
+        loss_sum = torch.zeros((), device=device)
+        for i, batch in enumerate(micro):
+            batch = batch.to(device, non_blocking=True)
+            sync = contextlib.nullcontext() if i == len(micro) - 1 or not dist_info.enabled else runner.no_sync()
+            with sync:
+                with s.autocast():
+                    loss = runner(batch)
+                scaler.scale(loss.sum * (dist_info.world_size / step_count)).backward()
+            loss_sum += loss.sum.detach().float()
+        step_loss = float(all_reduce_sum(loss_sum, dist_info)) / max(step_count, 1.0)
+        scaler.unscale_(optimizer)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), loop.grad_clip or math.inf))
+        if any_rank(not (math.isfinite(step_loss) and math.isfinite(grad_norm)), dist_info, device):
+            optimizer.zero_grad(set_to_none=True)
+            message = f"non-finite loss ({step_loss}) or gradient norm ({grad_norm}) at step {step + 1}"
+            if loop.nonfinite == "raise":
+                raise FloatingPointError(f"{message}; stopped before the optimizer step (train.nonfinite=skip would drop the step)")
+            skipped += 1
+            log.warning("%s: step skipped (%d in a row)", message, skipped)
+            if skipped >= MAX_SKIPPED_IN_A_ROW:
+                raise FloatingPointError(f"{message}; {skipped} steps in a row skipped, giving up")
+            scaler.update()
+            continue
+        skipped = 0
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens += int(step_count)
+        bar.update(1)
+
+        if metrics_log is not None and (step % loop.log_every == 0 or step == end):
+            elapsed = time.perf_counter() - started
+            record = {"loss": step_loss, "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
+                      "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0}
+            metrics_log.write(step, record)
+            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+        if step % loop.eval_every == 0 or step == loop.max_steps:
+            metrics, metrics_step = validate(s.objective, data.val, device=device, autocast=s.autocast, max_batches=loop.eval_batches), step
+            if eval_hook is not None:
+                metrics.update(eval_hook(model, data, step))
+            if metrics_log is not None:
+                metrics_log.write(step, metrics)
+            log.info("step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if step % loop.save_every == 0 or step == end:
+            if dist_info.is_main:
+                saved_metrics = metrics if metrics_step == step else {}
+                best = update_best(best, saved_metrics, step=step, retention=loop.retention)
+                last_saved = save_checkpoint(
+                    s.run_dir, step=step, model=model, config=s.model_config, optimizer=optimizer, scheduler=scheduler,
+                    data_state=data.train.state_dict(), metrics=saved_metrics, best=best, extra_files=s.extra_files,
+                )
+                rotate_checkpoints(s.run_dir, loop.retention)
+    bar.close()
+    return TrainResult(s.run_dir, step, model, data, last_saved, metrics)
+
+
+def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
+    """The checkpoint to continue from, or None to start fresh."""
+    if resume is False:
+        if list_checkpoints(run_dir):
+            raise ValueError(f"{run_dir} already holds checkpoints: resume (the default) or choose another run_dir")
+        return None
+    if resume in (True, "auto"):
+        if not list_checkpoints(run_dir):
+            if resume is True:
+                raise FileNotFoundError(f"nothing to resume: no complete checkpoint in {run_dir}")
+            return None
+        return load_checkpoint(latest_checkpoint(run_dir))
+    return load_checkpoint(resolve_checkpoint(resume))
+
+
+def _set_aside_newer(run_dir: Path, step: int) -> None:
+    """Rename checkpoints newer than the one we resume from (corrupt ones, skipped): the run will redo those steps."""
+    for path in list_checkpoints(run_dir):
+        if int(path.name.split("-")[1]) > step:
+            aside = path.with_name(f"corrupt-{path.name}-{int(time.time())}")
+            path.rename(aside)
+            log.warning("set aside %s as %s: resuming from step %d redoes it", path, aside.name, step)
+
+
+def _check_same_model(checkpoint: Checkpoint, model_config: TransformerConfig) -> None:
+    """Refuse to resume into a model whose config changed, listing what changed."""
+    saved, now = checkpoint.config, model_config.to_dict()
+    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if changed:
+        details = ", ".join(f"{k}: checkpoint {saved.get(k)!r}, config {now.get(k)!r}" for k in changed)
+        raise ValueError(f"cannot resume from {checkpoint.path}: the model config changed ({details})")
+
+
+def _model_config(config: TrainConfig, data: TaskData) -> TransformerConfig:
+    """The section's model config, with vocabulary sizes and classes taken from the data when unset."""
+    section = config.model
+    extra: dict[str, Any] = {}
+    if data.src_tokenizer is not data.tgt_tokenizer and section.tgt_vocab_size is None and data.task == "translation":
+        extra = {"tgt_vocab_size": data.tgt_tokenizer.vocab_size, "share_embeddings": False}
+    if data.task == "classification" and section.n_classes is None:
+        extra["n_classes"] = data.n_classes
+    model_config = build_model_config(section, vocab_size=data.src_tokenizer.vocab_size)
+    return model_config.replace(**extra) if extra else model_config
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name!r} but no CUDA device is available")
+    return device
+
+
+def _autocast(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def _forever(loader: Any) -> Iterator[Any]:
+    """Batches without end, epoch after epoch (the loader keeps its own position for resuming)."""
+    while True:
+        yield from loader

@@ -1,0 +1,48 @@
+"""One module per training objective, so that DDP and ``torch.compile`` wrap a single ``forward(batch)``."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from aiayn.data import ClassificationBatch, LMBatch, MLMBatch, TranslationBatch
+from aiayn.tokenization.special import PAD_ID
+from aiayn.training.losses import TokenLoss, classification_loss, label_smoothed_cross_entropy, masked_lm_loss
+
+__all__ = ["Objective", "loss_count"]
+
+
+class Objective(nn.Module):
+    """``forward(batch) -> TokenLoss(sum, count)`` for the ``task`` the batch belongs to."""
+
+    def __init__(self, model: nn.Module, task: str, *, label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        self.model, self.task, self.label_smoothing = model, task, label_smoothing
+
+    def forward(self, batch: TranslationBatch | LMBatch | MLMBatch | ClassificationBatch) -> TokenLoss:
+        eps = self.label_smoothing
+        if isinstance(batch, TranslationBatch):
+            logits = self.model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, T, V)
+            return label_smoothed_cross_entropy(logits, batch.tgt_out, pad_id=PAD_ID, smoothing=eps)
+        if isinstance(batch, LMBatch):
+            logits = self.model(batch.input)  # (B, T, V); windows have no padding
+            return label_smoothed_cross_entropy(logits, batch.target, pad_id=-100, smoothing=eps)
+        if isinstance(batch, MLMBatch):
+            hidden = self.model(batch.input, batch.pad_mask, batch.segment_ids)  # (B, T, D)
+            return masked_lm_loss(self.model.masked_lm_logits(hidden), batch.labels, smoothing=eps)
+        if isinstance(batch, ClassificationBatch):
+            hidden = self.model(batch.input, batch.pad_mask)
+            return classification_loss(self.model.classification_logits(hidden), batch.labels, smoothing=eps)
+        raise TypeError(f"unknown batch type {type(batch).__name__}")
+
+
+def loss_count(batch: TranslationBatch | LMBatch | MLMBatch | ClassificationBatch) -> int:
+    """How many targets the loss of ``batch`` sums over, known before the forward pass."""
+    if isinstance(batch, ClassificationBatch):
+        return batch.labels.numel()
+    return batch.n_tokens
+
+
+def accuracy_counts(model: nn.Module, batch: ClassificationBatch) -> tuple[int, int]:
+    """(correct, total) predictions of a classifier on ``batch``."""
+    logits: Tensor = model.classification_logits(model(batch.input, batch.pad_mask))
+    return int((logits.argmax(-1) == batch.labels).sum()), batch.labels.numel()

@@ -1,0 +1,145 @@
+"""The inference commands on tiny saved models: output exists and is well formed; bad arguments
+give errors that name the argument and its value."""
+
+import io
+
+import pytest
+import torch
+
+from aiayn import build_model
+from aiayn.cli.main import main
+from aiayn.pretrained import save_pretrained
+from aiayn.tokenization import CharTokenizer
+
+TEXTS = ["a cat sat", "the dog", "hello world."]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return CharTokenizer.train(TEXTS)
+
+
+def saved(tmp_path_factory, tokenizer, preset, **overrides):
+    torch.manual_seed(0)
+    model = build_model(preset, vocab_size=tokenizer.vocab_size, **overrides).eval()
+    return str(save_pretrained(tmp_path_factory.mktemp(preset) / "model", model, tokenizer))
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory, tokenizer):
+    return saved(tmp_path_factory, tokenizer, "tiny-encoder-decoder")
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory, tokenizer):
+    return saved(tmp_path_factory, tokenizer, "tiny-decoder-only")
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory, tokenizer):
+    return saved(tmp_path_factory, tokenizer, "tiny-encoder-only", n_classes=3)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_translate_arguments(capsys, translator):
+    code, out, _ = run(capsys, "translate", "--checkpoint", translator, "--max-new-tokens", "5", *TEXTS[:2])
+    assert code == 0 and len(out.splitlines()) == 2
+
+
+def test_translate_stdin_and_n_best(capsys, translator, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("a cat\nthe dog\n"))
+    code, out, _ = run(capsys, "translate", "--checkpoint", translator, "--max-new-tokens", "4", "--n-best", "2", "--batch-size", "1")
+    lines = [line.split("\t") for line in out.splitlines()]
+    assert code == 0 and [f[0] for f in lines] == ["0", "0", "1", "1"]
+    scores = [float(f[1]) for f in lines]
+    assert scores[0] >= scores[1] and scores[2] >= scores[3]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--beam-size", "0"], "--beam-size must be >= 1, got 0"),
+        (["--n-best", "5"], "--n-best must be <= --beam-size=4, got 5"),
+        (["--max-new-tokens", "-2"], "--max-new-tokens must be >= 1, got -2"),
+    ],
+)
+def test_translate_bad_arguments(translator, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["translate", "--checkpoint", translator, *argv, "x"])
+
+
+def test_wrong_family_and_missing_checkpoint(lm, tmp_path):
+    with pytest.raises(SystemExit, match=f"--checkpoint {lm} holds a decoder-only model; translate needs an encoder-decoder"):
+        main(["translate", "--checkpoint", lm, "x"])
+    missing = str(tmp_path / "nope")
+    with pytest.raises(SystemExit, match=f"--checkpoint {missing}: no model at"):
+        main(["generate", "--checkpoint", missing, "--prompt", "a", "--max-new-tokens", "2"])
+
+
+def test_generate_streams_the_continuation(capsys, lm):
+    code, out, _ = run(capsys, "generate", "--checkpoint", lm, "--prompt", "the ", "--max-new-tokens", "12", "--seed", "1")
+    assert code == 0 and out.startswith("the ") and out.endswith("\n")
+    assert len(out) > len("the \n")
+    code, again, _ = run(capsys, "generate", "--checkpoint", lm, "--prompt", "the ", "--max-new-tokens", "12", "--seed", "1")
+    assert again == out  # the seed makes it reproducible
+
+
+def test_generate_stop_string(capsys, lm):
+    _, free, _ = run(capsys, "generate", "--checkpoint", lm, "--prompt", "a", "--max-new-tokens", "20", "--greedy")
+    stop = free[2:4]  # two characters of the greedy continuation
+    _, out, _ = run(capsys, "generate", "--checkpoint", lm, "--prompt", "a", "--max-new-tokens", "20", "--greedy", "--stop", stop)
+    assert out.rstrip("\n").endswith(stop) and len(out) <= len(free)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--temperature", "0"], r"--temperature must be > 0 \(use --greedy for temperature 0\), got 0.0"),
+        (["--top-p", "1.5"], r"--top-p must be in \(0, 1\], got 1.5"),
+        (["--top-k", "0"], "--top-k must be >= 1, got 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["--min-new-tokens", "9"], "--min-new-tokens must be <= --max-new-tokens=3, got 9"),
+    ],
+)
+def test_generate_bad_arguments(lm, argv, message):
+    base = ["generate", "--checkpoint", lm, "--prompt", "a", "--max-new-tokens", "3"]
+    with pytest.raises(SystemExit, match=message):
+        main(base + argv)
+
+
+def test_generate_too_long_for_learned_positions(capsys, lm):
+    with pytest.raises(SystemExit, match="max_new_tokens=500 does not fit the learned positions after the prompt: at most 128"):
+        main(["generate", "--checkpoint", lm, "--prompt", "a", "--max-new-tokens", "500"])
+    assert capsys.readouterr().out == ""  # nothing printed before the error
+
+
+def test_fill_mask(capsys, bert):
+    code, out, _ = run(capsys, "fill-mask", "--checkpoint", bert, "--top-k", "3", "the <mask>at <mask>")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3
+    assert lines[0].startswith("<mask> 1: ") and lines[0].count(", ") == 2
+    assert lines[2].startswith("filled: the ")
+
+
+def test_fill_mask_needs_a_mask(bert):
+    with pytest.raises(SystemExit, match="TEXT must contain <mask>, got 'no mask here'"):
+        main(["fill-mask", "--checkpoint", bert, "no mask here"])
+    with pytest.raises(SystemExit, match="--top-k must be >= 1, got 0"):
+        main(["fill-mask", "--checkpoint", bert, "--top-k", "0", "<mask>"])
+
+
+def test_classify(capsys, bert):
+    code, out, _ = run(capsys, "classify", "--checkpoint", bert, *TEXTS)
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert code == 0 and [r[2] for r in rows] == TEXTS
+    assert all(r[0] in ("0", "1", "2") and 1 / 3 <= float(r[1]) <= 1 for r in rows)
+
+
+def test_classify_needs_an_encoder_only_model(translator):
+    with pytest.raises(SystemExit, match="holds a encoder-decoder model; classify needs an encoder-only model"):
+        main(["classify", "--checkpoint", translator, "x"])

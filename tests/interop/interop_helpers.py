@@ -1,0 +1,105 @@
+"""Tiny Hugging Face models built locally with random weights (no download), and comparison helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+transformers = pytest.importorskip("transformers")  # a test-only dependency
+
+VOCAB = 61
+ATOL = 1e-4  # fp32 logits
+
+# Token ids for the tiny models (inside the vocabulary).
+BOS, EOS, PAD = 1, 2, 60
+
+
+def randomize(model: nn.Module, seed: int) -> nn.Module:
+    """Replace the (small) default init by weights large enough that a wrong mapping shows.
+
+    Norm gains near 1, everything else normal(0, 0.3). Marian's sinusoid "embedding" is left alone:
+    it is a function of the shape, not a weight.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "embed_positions" in name:
+                continue
+            noise = torch.randn(param.shape, generator=generator)
+            is_norm_gain = ("LayerNorm" in name or "ln_" in name or "layer_norm" in name) and name.endswith("weight")
+            param.copy_(1.0 + 0.1 * noise if is_norm_gain else 0.3 * noise)
+    return model.eval()
+
+
+def gpt2(seed: int = 0, **overrides) -> nn.Module:
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=40, n_embd=24, n_layer=3, n_head=4, n_inner=40, bos_token_id=BOS,
+        eos_token_id=EOS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides,
+    )
+    torch.manual_seed(seed)
+    return randomize(transformers.GPT2LMHeadModel(config), seed)
+
+
+def bert(cls_name: str = "BertForMaskedLM", seed: int = 0, **overrides) -> nn.Module:
+    config = transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=24, num_hidden_layers=3, num_attention_heads=4, intermediate_size=40,
+        max_position_embeddings=40, type_vocab_size=2, pad_token_id=0, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, **overrides,
+    )
+    torch.manual_seed(seed)
+    return randomize(getattr(transformers, cls_name)(config), seed)
+
+
+def marian(seed: int = 0, **overrides) -> nn.Module:
+    settings = dict(
+        vocab_size=VOCAB, d_model=24, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=40, decoder_ffn_dim=40, max_position_embeddings=64,
+        activation_function="gelu", scale_embedding=True, pad_token_id=PAD, decoder_start_token_id=PAD,
+        eos_token_id=EOS, forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    return randomize(transformers.MarianMTModel(transformers.MarianConfig(**settings)), seed)
+
+
+def token_ids(batch: int, length: int, seed: int, low: int = 3, high: int = VOCAB - 1) -> Tensor:
+    """Random ids avoiding the special ids 0..2 and PAD, so no mask is derived by accident."""
+    return torch.randint(low, high, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def right_padded(ids: Tensor, lengths: list[int], pad: int) -> tuple[Tensor, Tensor]:
+    """``ids`` with positions past each row's length set to ``pad``; the mask (True = real)."""
+    mask = torch.arange(ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]
+    return ids.masked_fill(~mask, pad), mask
+
+
+def left_padded(ids: Tensor, lengths: list[int], pad: int) -> tuple[Tensor, Tensor]:
+    mask = torch.arange(ids.shape[1])[None, :] >= (ids.shape[1] - torch.tensor(lengths))[:, None]
+    return ids.masked_fill(~mask, pad), mask
+
+
+def assert_close_where(
+    ours: Tensor, theirs: Tensor, mask: Tensor | None = None, atol: float = ATOL, what: str = "output"
+) -> None:
+    """Whole-tensor comparison of ``(B, T, ...)`` outputs, at the positions ``mask (B, T)`` marks real."""
+    assert ours.shape == theirs.shape, f"{what}: shapes {tuple(ours.shape)} != {tuple(theirs.shape)}"
+    if mask is not None:
+        ours, theirs = ours[mask], theirs[mask]
+    diff = (ours - theirs).abs().max().item()
+    assert diff <= atol, f"{what}: max abs difference {diff:.3g} > {atol}"
+
+
+def record_layer_outputs(layers: nn.ModuleList) -> tuple[list[Tensor], list]:
+    """Forward hooks that store each of our layers' output ``(B, T, D)``; returns (store, handles)."""
+    store: list[Tensor] = []
+    handles = [layer.register_forward_hook(lambda _m, _i, out: store.append(out[0].detach())) for layer in layers]
+    return store, handles
+
+
+def assert_state_dicts_equal(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
+    """Bit for bit: same keys, same dtypes, same values."""
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        assert torch.equal(a[key], b[key]), key

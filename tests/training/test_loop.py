@@ -1,0 +1,192 @@
+"""The training loop: it learns, resumes bit for bit, handles faults per policy, and refuses bad resumes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.training.checkpoint import list_checkpoints
+from aiayn.training.loop import train
+from aiayn.training.metrics_log import read_metrics
+from aiayn.training.objectives import Objective
+from aiayn.training.weights_io import read_safetensors
+from loop_fixtures import lm_config, save_config, translation_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def replace_loop(config, **changes):
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, **changes))
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if "loss" in r}
+
+
+def run_cli(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "aiayn", *args], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_language_model_learns(tmp_path):
+    result = train(lm_config(tmp_path, steps=30, eval_every=10))
+    records = read_metrics(result.run_dir)
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(val) == 3 and val[-1] < val[0] - 0.3  # it learns the toy text
+    assert result.last_checkpoint is not None and result.last_checkpoint.name == "step-000030"
+    assert (result.run_dir / "train_config.yaml").is_file()
+
+
+def test_exact_resume_in_a_fresh_process(tmp_path):
+    """N steps straight == N/2 steps, process exit, fresh process resumes to N: same losses, same weights, bit for bit.
+
+    Dropout on, shuffling on, and the stop falls mid-epoch (an epoch of this corpus is ~12 batches).
+    """
+    config = translation_config(tmp_path / "a", steps=8)
+    full = run_cli("train", str(save_config(config, tmp_path / "a.yaml")))
+    assert full.returncode == 0, full.stderr
+
+    config_b = dataclasses.replace(translation_config(tmp_path / "b", steps=8), run_dir=str(tmp_path / "b" / "run"))
+    path_b = save_config(replace_loop(config_b, stop_after=4), tmp_path / "b.yaml")
+    first = run_cli("train", str(path_b))
+    assert first.returncode == 0, first.stderr
+    assert [p.name for p in list_checkpoints(tmp_path / "b" / "run")][-1] == "step-000004"
+    second = run_cli("train", str(path_b), "--set", "train.stop_after=null")  # a new process, auto-resume
+    assert second.returncode == 0, second.stderr
+
+    losses_a, losses_b = step_losses(tmp_path / "a" / "run"), step_losses(tmp_path / "b" / "run")
+    assert sorted(losses_a) == list(range(1, 9)) and losses_a == losses_b
+    weights_a, _ = read_safetensors(tmp_path / "a" / "run" / "step-000008" / "model.safetensors")
+    weights_b, _ = read_safetensors(tmp_path / "b" / "run" / "step-000008" / "model.safetensors")
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert torch.equal(weights_a[name], weights_b[name]), name
+
+
+def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'training'}", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_equal_one_process_with_accumulation(tmp_path):
+    """DDP over 2 ranks (rank r takes batches r, r+2, ...) == 1 process accumulating 2 micro-batches per step.
+
+    The loss is normalised by the target tokens of the whole step on all ranks, so the updates are
+    the same up to float summation order. Dropout 0, since ranks draw different masks.
+    """
+    config = translation_config(tmp_path / "ddp", steps=4, dropout=0.0, save_every=4)
+    ddp = torchrun("-m", "aiayn", "train", str(save_config(config, tmp_path / "ddp.yaml")))
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    single = train(replace_loop(translation_config(tmp_path / "one", steps=4, dropout=0.0, save_every=4), accumulate=2))
+    losses_ddp, losses_one = step_losses(tmp_path / "ddp" / "run"), step_losses(single.run_dir)
+    assert sorted(losses_ddp) == [1, 2, 3, 4]
+    for step in losses_one:
+        assert losses_ddp[step] == pytest.approx(losses_one[step], abs=1e-5)
+    ddp_weights, _ = read_safetensors(tmp_path / "ddp" / "run" / "step-000004" / "model.safetensors")
+    for name, tensor in single.model.state_dict().items():
+        if name.endswith("w_k.bias"):
+            # The key bias adds the same q.b to every score of a row, which softmax ignores: its true
+            # gradient is 0, the computed one is rounding noise, and Adam turns noise into full-size steps.
+            continue
+        torch.testing.assert_close(ddp_weights[name], tensor, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_a_failing_rank_stops_every_rank(tmp_path):
+    """Rank 1 raises at step 2: torchrun ends the other rank too and exits non-zero, well within the timeout."""
+    config = translation_config(tmp_path, steps=50, dropout=0.0)
+    path = save_config(config, tmp_path / "c.yaml")
+    out = torchrun(str(ROOT / "tests" / "training" / "ddp_failing_worker.py"), str(path), timeout=120)
+    assert out.returncode != 0
+    assert "rank 1 fails on purpose" in out.stderr + out.stdout
+
+
+def test_non_finite_loss_raises_naming_the_step_and_keeps_checkpoints(tmp_path, monkeypatch):
+    config = lm_config(tmp_path, steps=8, save_every=2, eval_every=2)
+    original = Objective.forward
+    calls = {"n": 0}
+
+    def exploding(self, batch):
+        loss = original(self, batch)
+        calls["n"] += self.training
+        if self.training and calls["n"] == 5:  # the 5th training micro-batch: step 5
+            return type(loss)(loss.sum * float("inf"), loss.count)
+        return loss
+
+    monkeypatch.setattr(Objective, "forward", exploding)
+    with pytest.raises(FloatingPointError, match="non-finite loss .* at step 5; stopped before the optimizer step"):
+        train(config)
+    names = [p.name for p in list_checkpoints(Path(config.run_dir))]
+    assert names[-1] == "step-000004"  # the last finite checkpoint survives
+
+    calls["n"] = 0
+    skipping = replace_loop(lm_config(tmp_path / "skip", steps=6), nonfinite="skip")
+    result = train(skipping)
+    assert result.step == 6
+    for name, tensor in result.model.state_dict().items():
+        assert torch.isfinite(tensor).all(), name
+
+
+def test_resume_errors_name_the_path(tmp_path):
+    config = lm_config(tmp_path, steps=2)
+    with pytest.raises(FileNotFoundError, match=f"resume path does not exist: {tmp_path / 'nowhere'}"):
+        train(config, resume=str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=f"no complete checkpoint in {tmp_path / 'empty'}"):
+        train(config, resume=str(tmp_path / "empty"))
+
+
+def test_resume_with_changed_model_lists_the_changes(tmp_path):
+    config = lm_config(tmp_path, steps=2)
+    train(config)
+    changed = dataclasses.replace(config, model=dataclasses.replace(config.model, d_ff=48), train=dataclasses.replace(config.train, max_steps=4))
+    with pytest.raises(ValueError, match=r"the model config changed \(d_ff: checkpoint 64, config 48\)"):
+        train(changed)
+
+
+def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
+    config = lm_config(tmp_path, steps=6, save_every=3)
+    train(config)
+    weights = Path(config.run_dir) / "step-000006" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    longer = replace_loop(config, max_steps=9)
+    with pytest.warns(UserWarning, match="step-000006"):
+        result = train(longer)
+    assert result.step == 9
+    losses = step_losses(Path(config.run_dir))
+    assert 4 in losses and 9 in losses  # steps 4..9 were (re)done from step 3
+
+
+def test_fresh_start_refuses_a_used_run_dir(tmp_path):
+    config = lm_config(tmp_path, steps=2)
+    train(config)
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        train(config, resume=False)
+
+
+def test_cli_rejects_unknown_and_mistyped_keys(tmp_path):
+    path = save_config(lm_config(tmp_path, steps=2), tmp_path / "c.yaml")
+    out = run_cli("train", str(path), "--set", "optim.lrr=0.1")
+    assert out.returncode == 2
+    assert "unknown key 'optim.lrr'" in out.stderr and "did you mean 'optim.lr'" in out.stderr
+    out = run_cli("train", str(path), "--set", "train.max_steps=many")
+    assert out.returncode == 2 and "train.max_steps: expected int, got 'many'" in out.stderr
+
+
+def test_bf16_autocast_trains(tmp_path):
+    result = train(replace_loop(lm_config(tmp_path, steps=3), precision="bf16"))
+    assert result.step == 3 and all(torch.isfinite(torch.tensor(v)) for v in step_losses(result.run_dir).values())
+
+
+def test_fp16_on_cpu_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="train.precision=fp16 needs a GPU"):
+        train(replace_loop(lm_config(tmp_path, steps=2), precision="fp16", device="cpu"))
