@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     att.add_argument("--heads", type=int, default=1, help="attention heads (default: 1; FLOPs do not depend on it)")
     att.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
     att.add_argument("--repeats", type=int, default=3, help="timed runs per point, best kept (default: 3)")
+    att.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1, steadier on a shared machine)")
     att.add_argument("--no-memory", action="store_true", help="skip the profiled peak memory (faster)")
     att.add_argument("--quick", action="store_true", help="a tiny run for tests: lengths 16..64, d=16, one repeat")
     att.add_argument("--out", type=Path, default=Path("bench"), help="output directory (default: bench)")
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from aiayn.viz.complexity import bench_attention, default_lengths, format_bench, plot_bench
 
+    if args.threads < 1:
+        raise SystemExit(f"aiayn bench attention: --threads must be >= 1, got {args.threads}")
     if args.quick:
         lengths, d_model, repeats = [16, 32, 64], 16, 1
     else:
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = bench_attention(
             lengths, d_model=d_model, n_heads=args.heads, batch=args.batch, repeats=repeats, measure_memory=not args.no_memory,
+            threads=args.threads,
         )
     except ValueError as e:
         raise SystemExit(f"aiayn bench attention: {e}") from None

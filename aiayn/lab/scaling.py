@@ -81,16 +81,18 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
         fig, axes = new_figure(1, 3, width=13, height=3.8)
         for i, label in enumerate(("scaled", "unscaled")):
             xs = list(d_ks)
-            for j, (key, ylabel) in enumerate((("score_var", "score variance"), ("max_prob", "mean max softmax prob"), ("grad_norm", "|dL/d scores|"))):
+            for j, (key, ylabel) in enumerate((("score_var", "score variance"), ("max_prob", "mean max softmax prob"), ("grad_norm", "|dL/d scores| (mean; dashed: median)"))):
                 axes[0, j].plot(xs, [table[label][d][key] for d in d_ks], "o-", color=SERIES_COLORS[i], label=f"{label}" + (" (÷√d_k)" if label == "scaled" else ""))
                 axes[0, j].set_xscale("log", base=2)
                 style_axes(axes[0, j], xlabel="d_k", ylabel=ylabel, grid=True)
+            axes[0, 2].plot(xs, [table[label][d]["grad_norm_median"] for d in d_ks], "s--", color=SERIES_COLORS[i], label=f"{label}, median query")
         axes[0, 0].set_yscale("log")
         axes[0, 2].set_yscale("log")
         axes[0, 0].set_title("variance of q·k")
         axes[0, 1].set_title("softmax saturation")
         axes[0, 2].set_title("gradient w.r.t. the scores")
         axes[0, 0].legend()
+        axes[0, 2].legend()
     plot = save_figure(fig, out_dir / "lab_scaling.png")
     return LabResult(
         "scaling", CLAIM, verdict, summary,

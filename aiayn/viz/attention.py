@@ -136,9 +136,9 @@ def plot_attention_grid(view: AttentionView, path: str | os.PathLike[str], *, ti
         left = 0.45 + 0.07 * max(len(q) for q in view.queries)
         bottom = 0.45 + 0.07 * max(len(k) for k in view.keys)
         width = panel_w * n_heads * scale + left + 1.2
-        height = panel_h * n_layers * scale + bottom + 0.7
+        height = panel_h * n_layers * scale + bottom + 0.9
         fig, axes = new_figure(n_layers, n_heads, width=width, height=height, layout=None)
-        fig.subplots_adjust(left=left / width, right=1 - 1.2 / width, bottom=bottom / height, top=1 - 0.7 / height,
+        fig.subplots_adjust(left=left / width, right=1 - 1.2 / width, bottom=bottom / height, top=1 - 0.9 / height,
                             wspace=0.15, hspace=0.35)
         image = None
         for layer in range(n_layers):

@@ -160,13 +160,16 @@ def bench_attention(
     measure_memory: bool = True,
     memory_budget: int | None = None,
     fit_from: int | None = None,
+    threads: int | None = 1,
     seed: int = 0,
 ) -> BenchResult:
     """Time each layer at each length (best of ``repeats``) and, optionally, profile its peak memory.
 
     A point whose largest intermediate times 3 exceeds ``memory_budget`` (default: half the
     available memory) is skipped and says so. Slopes are fitted on lengths ``>= fit_from``
-    (default: the upper half of ``lengths``). Raises ``ValueError`` for bad sizes or layer names.
+    (default: the upper half of ``lengths``). ``threads``: torch CPU threads while measuring (default 1:
+    steadier on a shared machine; ``None`` keeps the current setting). Raises ``ValueError`` for bad
+    sizes or layer names.
     """
     if not lengths or min(lengths) < 1:
         raise ValueError(f"lengths must be positive and non-empty, got {lengths}")
@@ -185,27 +188,34 @@ def bench_attention(
         fit_from = lengths[len(lengths) // 2] if len(lengths) > 2 else lengths[0]
     generator = torch.Generator().manual_seed(seed)
     points = []
-    with torch.inference_mode():
-        for layer in layers:
-            for n in lengths:
-                analytic = _analytic_bytes(layer, n, d_model, n_heads, batch)
-                if 3 * analytic > memory_budget:
-                    points.append(BenchPoint(layer, n, None, None, analytic, f"needs about {3 * analytic / 2**30:.1f} GiB"))
-                    continue
-                fn = _make(layer, n, d_model, n_heads, batch, generator)
-                seconds = _best_time(fn, repeats)
-                peak = _profiled_peak(fn) if measure_memory else None
-                points.append(BenchPoint(layer, n, seconds, peak, analytic))
-                del fn
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    used_threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            for layer in layers:
+                for n in lengths:
+                    analytic = _analytic_bytes(layer, n, d_model, n_heads, batch)
+                    if 3 * analytic > memory_budget:
+                        points.append(BenchPoint(layer, n, None, None, analytic, f"needs about {3 * analytic / 2**30:.1f} GiB"))
+                        continue
+                    fn = _make(layer, n, d_model, n_heads, batch, generator)
+                    seconds = _best_time(fn, repeats)
+                    peak = _profiled_peak(fn) if measure_memory else None
+                    points.append(BenchPoint(layer, n, seconds, peak, analytic))
+                    del fn
+    finally:
+        torch.set_num_threads(previous_threads)
     time_slopes, memory_slopes = {}, {}
     for layer in layers:
         fit = [p for p in points if p.layer == layer and p.length >= fit_from and p.seconds is not None]
         time_slopes[layer] = fit_slope([p.length for p in fit], [p.seconds for p in fit])  # type: ignore[misc]
         memory_slopes[layer] = fit_slope([p.length for p in fit], [p.peak_bytes for p in fit]) if measure_memory else None  # type: ignore[misc]
     return BenchResult(
-        d_model, n_heads, batch, repeats, points, time_slopes, memory_slopes, fit_from, torch.get_num_threads(),
+        d_model, n_heads, batch, repeats, points, time_slopes, memory_slopes, fit_from, used_threads,
         notes=[
-            f"forward pass in inference mode, best of {repeats} runs after a warm-up; {torch.get_num_threads()} CPU threads",
+            f"forward pass in inference mode, best of {repeats} runs after a warm-up; {used_threads} CPU thread(s)",
             "peak memory: torch.profiler memory events (CPU allocator allocations minus frees during one call, peak of the running sum)",
             "analytic: size of the largest intermediate, the (B, H, n, n) scores for math attention, the (B, n, d) output otherwise",
         ],

@@ -1,0 +1,42 @@
+"""aiayn lab NAME --quick: every experiment runs, gives a verdict with its numbers, and saves a plot."""
+
+import json
+
+import pytest
+
+from aiayn.cli.main import main
+from aiayn.lab import LABS, run_lab
+
+VERDICTS = {"confirmed", "partly confirmed", "not confirmed"}
+
+
+def _assert_png(path):
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] >= 200 and image.shape[1] >= 400
+
+
+@pytest.mark.parametrize("name", list(LABS))
+def test_quick_lab(name, tmp_path):
+    result = run_lab(name, quick=True, out_dir=tmp_path, seed=0)
+    assert result.name == name and result.verdict in VERDICTS
+    assert result.claim and result.summary and result.numbers
+    _assert_png(result.plot)
+    assert result.plot == tmp_path / f"lab_{name}.png"
+    text = result.format()
+    assert text.startswith(f"lab {name}: {result.verdict.upper()}") and "measured:" in text
+    json.dumps(result.to_dict())  # serialisable
+
+
+def test_unknown_lab():
+    with pytest.raises(ValueError, match="unknown lab 'nope'; valid labs: scaling, prenorm"):
+        run_lab("nope")
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    assert main(["lab", "scaling", "--quick", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "lab_scaling.json").read_text())
+    assert data["verdict"] in VERDICTS and data["name"] == "scaling"
+    assert "lab scaling:" in capsys.readouterr().out
