@@ -14,8 +14,11 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# The demo finds Multi30k through --data-dir, $$AIAYN_DATA_DIR or the user cache; ../shared/data when present.
+DATA_DIR ?= $(if $(wildcard ../shared/data/multi30k),../shared/data)
+
 demo: setup
-	$(VENV)/bin/aiayn copy-task
+	$(VENV)/bin/aiayn demo $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 test: setup
 	$(PY) -m pytest -q

@@ -10,21 +10,26 @@ from typing import Callable
 from aiayn import __version__
 from aiayn.cli import bench, copy_task, explain, lab, train, viz
 from aiayn.cli import classify, fill_mask, generate, translate
-from aiayn.cli import convert
+from aiayn.cli import convert, demo, evaluate
+from aiayn.cli import average, plot
 
 # name -> (help line, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "demo": (demo.HELP, demo.add_arguments, demo.run),
     "copy-task": (copy_task.HELP, copy_task.add_arguments, copy_task.run),
     "viz": (viz.HELP, viz.add_arguments, viz.run),
     "explain": (explain.HELP, explain.add_arguments, explain.run),
     "bench": (bench.HELP, bench.add_arguments, bench.run),
     "lab": (lab.HELP, lab.add_arguments, lab.run),
     "train": (train.HELP, train.add_arguments, train.run),
+    "average-checkpoints": (average.HELP, average.add_arguments, average.run),
+    "plot": (plot.HELP, plot.add_arguments, plot.run),
     "translate": (translate.HELP, translate.add_arguments, translate.run),
     "generate": (generate.HELP, generate.add_arguments, generate.run),
     "fill-mask": (fill_mask.HELP, fill_mask.add_arguments, fill_mask.run),
     "classify": (classify.HELP, classify.add_arguments, classify.run),
     "convert": (convert.HELP, convert.add_arguments, convert.run),
+    "evaluate": (evaluate.HELP, evaluate.add_arguments, evaluate.run),
 }
 
 

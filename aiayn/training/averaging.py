@@ -2,6 +2,8 @@
 
 Floating tensors are summed in float64 and cast back to their dtype; integer and boolean buffers
 (step counters, masks) are taken from the last checkpoint. Tied weights stay tied in the result.
+``average_last`` also copies the newest checkpoint's extra files (tokenizers, the training config),
+so its output loads with ``aiayn.pretrained.load_pretrained`` like a checkpoint does.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.tokenization.bpe import BPE_FILE
+from aiayn.tokenization.char import CHAR_FILE
 from aiayn.training.checkpoint import (
     CONFIG_FILE,
     MODEL_FILE,
+    RESERVED,
     CorruptCheckpointError,
     CorruptCheckpointWarning,
     list_checkpoints,
@@ -27,6 +32,10 @@ from aiayn.training.checkpoint import (
 from aiayn.training.weights_io import check_finite, read_safetensors, read_weights, state_dict_to_bytes
 
 __all__ = ["average_checkpoints", "average_last"]
+
+# Tokenizer files a checkpoint may carry (shared, or a source/target pair): they must agree across
+# the averaged checkpoints, since the weights are only meaningful with the vocabulary they were trained on.
+_TOKENIZER_FILES = frozenset(f"{prefix}{name}" for prefix in ("", "src_", "tgt_") for name in (BPE_FILE, CHAR_FILE))
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Tensor]:
@@ -95,9 +104,11 @@ def _check_same_layout(ref: dict[str, Tensor], ref_source: str, state: dict[str,
 def average_last(run_dir: str | os.PathLike[str], n: int, out_dir: str | os.PathLike[str]) -> Path:
     """Average the last ``n`` complete checkpoints of ``run_dir`` into a new checkpoint at ``out_dir``.
 
-    The result holds the averaged weights and the config (which must be the same in all ``n``), and is
-    written atomically; corrupt checkpoints are skipped with a warning. Raises ``ValueError`` when
-    fewer than ``n`` checkpoints verify or the configs differ, ``FileExistsError`` if ``out_dir`` exists.
+    The result holds the averaged weights, the config (which must be the same in all ``n``) and the
+    newest checkpoint's extra files (tokenizers, which must be the same in all ``n``; the training
+    config), and is written atomically; corrupt checkpoints are skipped with a warning. Raises
+    ``ValueError`` when fewer than ``n`` checkpoints verify or the configs or tokenizers differ,
+    ``FileExistsError`` if ``out_dir`` exists.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}")
@@ -125,9 +136,24 @@ def average_last(run_dir: str | os.PathLike[str], n: int, out_dir: str | os.Path
             raise ValueError(
                 f"cannot average checkpoints with different configs: {path / CONFIG_FILE} vs {chosen[-1] / CONFIG_FILE}"
             )
+    extras = _extra_files(chosen, markers[::-1])
     state = average_checkpoints(chosen)
     check_finite(state)
     config_bytes = (chosen[-1] / CONFIG_FILE).read_bytes()
     files = [(MODEL_FILE, lambda: state_dict_to_bytes(state)), (CONFIG_FILE, lambda: config_bytes)]
+    files.extend((name, (chosen[-1] / name).read_bytes) for name in extras)
     marker = {"step": int(markers[0]["step"]), "averaged_from": [p.name for p in chosen]}
     return write_checkpoint_dir(Path(out_dir), files, marker)
+
+
+def _extra_files(chosen: list[Path], markers: list[dict]) -> list[str]:
+    """Names of the newest checkpoint's extra files, after checking that tokenizers agree (by sha256)."""
+    newest = markers[-1]["files"]
+    for path, marker in zip(chosen[:-1], markers[:-1]):
+        files = marker["files"]
+        for name in sorted(_TOKENIZER_FILES & (set(files) | set(newest))):
+            if files.get(name, {}).get("sha256") != newest.get(name, {}).get("sha256"):
+                raise ValueError(
+                    f"cannot average checkpoints with different tokenizers: {path / name} vs {chosen[-1] / name}"
+                )
+    return sorted(name for name in newest if name not in RESERVED)

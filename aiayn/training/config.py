@@ -101,6 +101,7 @@ class LoopSection:
 
     max_steps: int = 1000
     stop_after: int | None = None  # stop (with a checkpoint) at this step, as if interrupted; resume to max_steps
+    max_minutes: float | None = None  # wall-clock budget: stop (with a checkpoint) once it is spent
     accumulate: int = 1  # micro-batches per optimizer step
     grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
     label_smoothing: float = 0.0  # the paper used 0.1 for translation (section 5.4)
@@ -127,6 +128,8 @@ class LoopSection:
             raise ValueError(f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
         if self.stop_after is not None and not 1 <= self.stop_after <= self.max_steps:
             raise ValueError(f"train.stop_after={self.stop_after} must be in [1, max_steps={self.max_steps}] or null")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"train.max_minutes={self.max_minutes} must be > 0 or null")
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ValueError(f"train.eval_batches={self.eval_batches} must be >= 1 or null")
         _choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))

@@ -199,6 +199,9 @@ def _loop(s: _Session, step: int, best: BestValue | None, eval_hook: EvalHook | 
         step += 1
         tokens += int(step_count)
         bar.update(1)
+        if loop.max_minutes is not None and _out_of_time(started, loop.max_minutes, dist_info, device):
+            log.info("train.max_minutes=%s spent: stopping at step %d", loop.max_minutes, step)
+            end = step  # the checks below then log, validate and save this step as the last
 
         if metrics_log is not None and (step % loop.log_every == 0 or step == end):
             elapsed = time.perf_counter() - started
@@ -206,7 +209,7 @@ def _loop(s: _Session, step: int, best: BestValue | None, eval_hook: EvalHook | 
                       "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0}
             metrics_log.write(step, record)
             bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
-        if step % loop.eval_every == 0 or step == loop.max_steps:
+        if step % loop.eval_every == 0 or step in (loop.max_steps, end):
             metrics, metrics_step = validate(s.objective, data.val, device=device, autocast=s.autocast, max_batches=loop.eval_batches), step
             if eval_hook is not None:
                 metrics.update(eval_hook(model, data, step))
@@ -269,6 +272,11 @@ def _model_config(config: TrainConfig, data: TaskData) -> TransformerConfig:
         extra["n_classes"] = data.n_classes
     model_config = build_model_config(section, vocab_size=data.src_tokenizer.vocab_size)
     return model_config.replace(**extra) if extra else model_config
+
+
+def _out_of_time(started: float, minutes: float, dist_info: DistInfo, device: torch.device) -> bool:
+    """Whether the time budget is spent, decided the same on every rank."""
+    return any_rank(time.perf_counter() - started > 60 * minutes, dist_info, device)
 
 
 def _device(name: str) -> torch.device:

@@ -105,3 +105,22 @@ def test_average_last_skips_corrupt_and_checks_counts_and_configs(tmp_path: Path
         average_last(tmp_path / "nope", 1, tmp_path / "x")
     with pytest.raises(ValueError, match=r"n must be an int >= 1, got 0"):
         average_last(tmp_path / "run", 0, tmp_path / "x")
+
+
+def test_average_last_copies_extra_files_and_checks_tokenizers(tmp_path: Path) -> None:
+    models = _models(3)
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "tokenizer.json").write_text('{"vocab": "A"}')
+    (files / "train_config.yaml").write_text("lr: 1\n")
+    for i, model in enumerate(models[:2]):
+        save_checkpoint(tmp_path / "run", step=i + 1, model=model, config={"d": 8}, save_rng=False,
+                        extra_files=[files / "tokenizer.json", files / "train_config.yaml"])
+    out = average_last(tmp_path / "run", 2, tmp_path / "avg")
+    assert sorted(p.name for p in out.iterdir()) == ["COMPLETE", "config.json", "model.safetensors", "tokenizer.json", "train_config.yaml"]
+    assert (out / "tokenizer.json").read_text() == '{"vocab": "A"}'
+    assert load_checkpoint(out).extra_files == ("tokenizer.json", "train_config.yaml")  # listed in the marker, verified
+    (files / "tokenizer.json").write_text('{"vocab": "B"}')
+    save_checkpoint(tmp_path / "run", step=3, model=models[2], config={"d": 8}, save_rng=False, extra_files=[files / "tokenizer.json"])
+    with pytest.raises(ValueError, match=r"different tokenizers: .*step-000002/tokenizer.json vs .*step-000003/tokenizer.json"):
+        average_last(tmp_path / "run", 2, tmp_path / "avg2")

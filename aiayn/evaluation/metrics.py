@@ -1,0 +1,93 @@
+"""The task metrics, each computed by the tool made for it: sacreBLEU for BLEU and chrF."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import sacrebleu
+import torch
+
+from aiayn.data import ClassificationDataset, LabeledText, SequentialBlockSampler, TokenStream, collate_classification, collate_lm
+from aiayn.decoding.adapters import Seq2SeqDecoder
+from aiayn.decoding.beam import BeamConfig, beam_search
+from aiayn.decoding.protocol import right_pad
+from aiayn.models.decoder_only import DecoderOnly
+from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.models.encoder_only import EncoderOnly
+from aiayn.tokenization.base import Tokenizer
+
+__all__ = ["translate_corpus", "evaluate_translation", "evaluate_lm", "evaluate_classifier"]
+
+
+@torch.no_grad()
+def translate_corpus(
+    model: EncoderDecoder,
+    src_tokenizer: Tokenizer,
+    tgt_tokenizer: Tokenizer,
+    sources: Sequence[str],
+    *,
+    beam: BeamConfig | None = None,
+    batch_size: int = 64,
+) -> list[str]:
+    """Beam-search translations of ``sources``, detokenized, in input order (batched by length for speed)."""
+    beam = beam or BeamConfig()
+    model.eval()
+    decoder = Seq2SeqDecoder(model)
+    encoded = [src_tokenizer.encode(text, add_eos=True) for text in sources]  # EOS on the source, as in training
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    out: list[str] = [""] * len(encoded)
+    device = next(model.parameters()).device
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        ids, mask = right_pad([encoded[i] for i in chunk], device=device)
+        for i, hyps in zip(chunk, beam_search(decoder, ids, mask, beam)):
+            out[i] = tgt_tokenizer.decode(hyps[0].tokens) if hyps else ""
+    return out
+
+
+def evaluate_translation(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """Corpus BLEU and chrF of detokenized text (sacreBLEU's defaults: 13a tokenization), with signatures."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
+    chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
+    return {
+        "bleu": round(bleu_score.score, 2),
+        "chrf": round(chrf_score.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "sentences": len(hypotheses),
+    }
+
+
+@torch.no_grad()
+def evaluate_lm(model: DecoderOnly, tokenizer: Tokenizer, text: str, *, block_size: int, batch_size: int = 32) -> dict[str, Any]:
+    """Mean next-token loss (nats) and perplexity over non-overlapping ``block_size`` windows of ``text``."""
+    model.eval()
+    stream = TokenStream.encode(text, tokenizer, block_size)
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for batch_ids in SequentialBlockSampler(stream, batch_size).batches(0):
+        batch = collate_lm([stream[i] for i in batch_ids]).to(device)
+        logits = model(batch.input)
+        total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch.target.flatten(), reduction="sum"))
+        count += batch.target.numel()
+    loss = total / count
+    return {"loss": round(loss, 4), "perplexity": round(math.exp(loss), 3), "tokens": count}
+
+
+@torch.no_grad()
+def evaluate_classifier(model: EncoderOnly, tokenizer: Tokenizer, data: LabeledText, *, max_len: int, batch_size: int = 64) -> dict[str, Any]:
+    """Accuracy of ``model`` on labelled text (sequences longer than ``max_len`` are truncated, not dropped)."""
+    model.eval()
+    dataset = ClassificationDataset.encode(data, tokenizer, max_len=max_len, too_long="truncate")
+    device = next(model.parameters()).device
+    correct = 0
+    for start in range(0, len(dataset), batch_size):
+        batch = collate_classification([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))], np.random.default_rng(0)).to(device)
+        logits = model.classification_logits(model(batch.input, batch.pad_mask))
+        correct += int((logits.argmax(-1) == batch.labels).sum())
+    return {"accuracy": round(correct / len(dataset), 4), "examples": len(dataset)}

@@ -1,0 +1,6 @@
+"""Shared test set-up: the training fixtures are importable from every test folder."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "training"))
