@@ -102,6 +102,7 @@ class LoopSection:
     max_steps: int = 1000
     stop_after: int | None = None  # stop (with a checkpoint) at this step, as if interrupted; resume to max_steps
     max_minutes: float | None = None  # wall-clock budget: stop (with a checkpoint) once it is spent
+    init_from: str | None = None  # start from these weights and tokenizer (e.g. masked-LM pre-training); not a resume
     accumulate: int = 1  # micro-batches per optimizer step
     grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
     label_smoothing: float = 0.0  # the paper used 0.1 for translation (section 5.4)

@@ -31,6 +31,7 @@ from aiayn.training.checkpoint import (
     list_checkpoints,
     latest_checkpoint,
     load_checkpoint,
+    load_model_weights,
     resolve_checkpoint,
     restore_training_state,
     save_checkpoint,
@@ -91,9 +92,12 @@ def _train(
 ) -> TrainResult:
     loop = config.train
     torch.manual_seed(loop.seed)  # same initial weights on every rank
-    tokenizers = load_tokenizer_pair(checkpoint.path) if checkpoint else None
+    init_dir = _init_dir(loop.init_from) if loop.init_from and checkpoint is None else None
+    tokenizer_dir = checkpoint.path if checkpoint else init_dir
+    tokenizers = load_tokenizer_pair(tokenizer_dir) if tokenizer_dir else None
     data = build_task_data(config.data, seed=loop.seed, rank=dist_info.rank, world_size=dist_info.world_size, tokenizers=tokenizers)
     model_config = _model_config(config, data)
+    _check_lengths(config, model_config)
     model = model_class(model_config)(model_config).to(device)
     check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
     optimizer = build_optimizer_from_config(model, config.optim)
@@ -106,8 +110,12 @@ def _train(
         data.train.load_state_dict(checkpoint.trainer.data or {})
         step, best = checkpoint.step, checkpoint.trainer.best
         log.info("resumed from %s at step %d", checkpoint.path, step)
-    elif dist_info.rank:
-        torch.manual_seed(loop.seed + dist_info.rank)  # different dropout masks per rank
+    else:
+        if init_dir is not None:
+            load_model_weights(model, init_dir)  # strict: lists missing, unexpected and mis-shaped weights
+            log.info("initialised the weights from %s", init_dir)
+        if dist_info.rank:
+            torch.manual_seed(loop.seed + dist_info.rank)  # different dropout masks per rank
 
     objective = Objective(model, data.task, label_smoothing=loop.label_smoothing)
     runner: nn.Module = torch.compile(objective) if loop.compile else objective  # type: ignore[assignment]
@@ -244,6 +252,16 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
     return load_checkpoint(resolve_checkpoint(resume))
 
 
+def _init_dir(path: str) -> Path:
+    """``train.init_from``: a model directory, a checkpoint, or a run directory (its newest checkpoint)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"train.init_from: no such directory: {directory}")
+    if (directory / "model.safetensors").is_file() and not (directory / "COMPLETE").is_file():
+        return directory
+    return resolve_checkpoint(directory)
+
+
 def _set_aside_newer(run_dir: Path, step: int) -> None:
     """Rename checkpoints newer than the one we resume from (corrupt ones, skipped): the run will redo those steps."""
     for path in list_checkpoints(run_dir):
@@ -277,6 +295,19 @@ def _model_config(config: TrainConfig, data: TaskData) -> TransformerConfig:
 def _out_of_time(started: float, minutes: float, dist_info: DistInfo, device: torch.device) -> bool:
     """Whether the time budget is spent, decided the same on every rank."""
     return any_rank(time.perf_counter() - started > 60 * minutes, dist_info, device)
+
+
+def _check_lengths(config: TrainConfig, model_config: TransformerConfig) -> None:
+    """Fail before training when the data can hold sequences longer than learned positions allow."""
+    if model_config.positions != "learned":
+        return
+    longest = config.data.block_size if config.data.task == "lm" else config.data.max_len
+    name = "data.block_size" if config.data.task == "lm" else "data.max_len"
+    if longest > model_config.max_len:
+        raise ValueError(
+            f"{name}={longest} is longer than model.max_len={model_config.max_len} (learned positions): "
+            f"lower {name} or raise model.max_len"
+        )
 
 
 def _device(name: str) -> torch.device:

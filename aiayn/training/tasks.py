@@ -67,6 +67,8 @@ def load_splits(data: DataSection) -> tuple[Any, Any]:
     read = _FILE_READERS[data.task]
     train = read(data.train_files, "data.train_files")
     if data.val_files:
+        if isinstance(train, LabeledText):  # the validation labels must mean what the training labels mean
+            return train, _read_labelled(data.val_files, "data.val_files", label_names=train.label_names)
         return train, read(data.val_files, "data.val_files")
     if data.task != "lm":
         raise ValueError(f"data.val_files is required for task {data.task!r} with dataset=files")
@@ -85,10 +87,10 @@ def _read_text(files: list[str], name: str) -> str:
     return read_text(files[0])
 
 
-def _read_labelled(files: list[str], name: str) -> LabeledText:
+def _read_labelled(files: list[str], name: str, label_names: list[str] | None = None) -> LabeledText:
     if len(files) != 1:
         raise ValueError(f"{name} must be [tsv_or_csv_file], got {files}")
-    return read_classification(files[0])
+    return read_classification(files[0], label_names=label_names)
 
 
 _FILE_READERS: dict[str, Callable[[list[str], str], Any]] = {

@@ -190,3 +190,24 @@ def test_bf16_autocast_trains(tmp_path):
 def test_fp16_on_cpu_is_refused(tmp_path):
     with pytest.raises(ValueError, match="train.precision=fp16 needs a GPU"):
         train(replace_loop(lm_config(tmp_path, steps=2), precision="fp16", device="cpu"))
+
+
+def test_init_from_masked_lm_pretraining(tmp_path):
+    """Masked-LM pre-training, then a classifier that starts from its weights and tokenizer."""
+    from aiayn.training.config import DataSection, ModelSection, TrainConfig
+
+    rows = [f"{i % 2}\t{'good fine great' if i % 2 else 'bad awful poor'} movie number {i}" for i in range(60)]
+    tsv = tmp_path / "data.tsv"
+    tsv.write_text("\n".join(rows) + "\n")
+    base = lm_config(tmp_path / "x", steps=2)
+    model = ModelSection(preset="tiny-encoder-only", dropout=0.0, max_len=32)
+    data = DataSection(task="mlm", dataset="files", train_files=[str(tsv)], val_files=[str(tsv)], tokenizer="char", batch_size=8, max_len=32)
+    pre = train(TrainConfig(run_dir=str(tmp_path / "mlm"), model=model, data=data, optim=base.optim, schedule=base.schedule, train=base.train))
+    cls_data = dataclasses.replace(data, task="classification")
+    fine = TrainConfig(run_dir=str(tmp_path / "cls"), model=model, data=cls_data, optim=base.optim, schedule=base.schedule,
+                       train=dataclasses.replace(base.train, init_from=str(pre.run_dir), max_steps=1, eval_every=1))
+    result = train(fine)
+    assert "val_accuracy" in result.metrics
+    assert result.data.src_tokenizer.encode("good") == pre.data.src_tokenizer.encode("good")
+    with pytest.raises(FileNotFoundError, match="train.init_from: no such directory"):
+        train(dataclasses.replace(fine, run_dir=str(tmp_path / "c2"), train=dataclasses.replace(fine.train, init_from=str(tmp_path / "no"))))

@@ -1,0 +1,301 @@
+"""Is our decoder-only model as fast to train as Hugging Face's GPT-2? Tokens/s of a full training step
+(forward, cross-entropy, backward, AdamW), ours against ``GPT2LMHeadModel`` of the same shape and the
+same weights, in one process, interleaved, in fp32 and in bf16 (``torch.autocast`` on the CPU).
+
+Shapes: ``small`` is nanoGPT's CPU recipe (4 layers, 4 heads, d_model 128, batch 12 x 64, 65
+characters); ``gpt2`` is GPT-2 small (12 layers, 12 heads, d_model 768, batch 4 x 256, 50257 ids).
+Both models start from random weights with dropout 0 (no download): the peer is built from
+``GPT2Config`` and its weights are copied into ours with our GPT-2 key map, so the first loss of the
+two must agree (checked). Each training step is timed the same way on both sides: a shared loss
+(float32 cross-entropy over every position) on the model's logits and ``torch.optim.AdamW`` with the
+same settings (foreach/fused left to torch).
+
+Rounds interleave the two models (ours then peer, peer then ours, ...) and the median of the
+rounds is reported. Model FLOPs per token are ``6 N + 12 L d T`` (PaLM appendix B, nanoGPT's
+``estimate_mfu``): ``N`` parameters without the position table (the tied embedding counted once,
+as the output projection's matmul), ``L`` layers, ``d`` d_model, ``T`` sequence length. Utilisation
+is model FLOP/s over a peak measured here: the best of several large square ``torch.mm`` in fp32 and bf16.
+
+    python benchmarks/train_throughput.py                          # both shapes, fp32 and bf16, 5 rounds
+    python benchmarks/train_throughput.py --shapes small --rounds 3 --threads 1
+    python benchmarks/train_throughput.py --shapes gpt2 --dtypes bf16 --profile
+    python benchmarks/train_throughput.py --quick                  # a tiny shape in seconds (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn import build_model
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n_layers: int
+    n_heads: int
+    d_model: int
+    batch: int
+    seq_len: int
+    vocab_size: int
+    n_positions: int  # the learned position table (the same on both sides)
+
+
+SHAPES = {
+    "small": Shape("small", n_layers=4, n_heads=4, d_model=128, batch=12, seq_len=64, vocab_size=65, n_positions=64),
+    "gpt2": Shape("gpt2", n_layers=12, n_heads=12, d_model=768, batch=4, seq_len=256, vocab_size=50257, n_positions=1024),
+}
+QUICK_SHAPE = Shape("tiny", n_layers=2, n_heads=2, d_model=32, batch=2, seq_len=16, vocab_size=65, n_positions=16)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Row:
+    """The medians of one (shape, dtype) cell."""
+
+    shape: str
+    dtype: str
+    ours_tokens_per_s: float
+    peer_tokens_per_s: float
+    flops_per_token: float
+    steps_per_round: int
+    rounds: int
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_tokens_per_s / self.peer_tokens_per_s
+
+
+# --------------------------------------------------------------------------- the two models
+
+
+def build_pair(shape: Shape, *, peer_activation: str = "gelu_new", seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """(ours, peer) with the same shape and the same weights, in training mode, dropout 0."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from aiayn.interop.hf import load_hf
+
+    torch.manual_seed(seed)
+    peer_config = GPT2Config(
+        n_layer=shape.n_layers, n_head=shape.n_heads, n_embd=shape.d_model, n_positions=shape.n_positions,
+        vocab_size=shape.vocab_size, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        activation_function=peer_activation, use_cache=False,
+        bos_token_id=shape.vocab_size - 1, eos_token_id=shape.vocab_size - 1,  # GPT-2's 50256, inside small vocabularies
+    )
+    peer = GPT2LMHeadModel(peer_config)
+    ours = build_model(
+        "gpt2-small", n_layers=shape.n_layers, n_heads=shape.n_heads, d_model=shape.d_model, d_ff=4 * shape.d_model,
+        vocab_size=shape.vocab_size, max_len=shape.n_positions, dropout=0.0,
+    )
+    ours.load_state_dict(load_hf(peer).model.state_dict())  # the same weights, through our GPT-2 key map
+    return ours.train(), peer.train()
+
+
+def ours_logits(model: nn.Module, ids: Tensor) -> Tensor:
+    return model(ids)
+
+
+def peer_logits(model: nn.Module, ids: Tensor) -> Tensor:
+    return model(input_ids=ids, use_cache=False).logits
+
+
+def shared_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean next-token cross-entropy over every position, in float32 (as HF's own loss upcasts)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def flops_per_token(model: nn.Module, shape: Shape) -> float:
+    """``6 N + 12 L d T``: N counts each parameter once (tied ones too) and leaves out the position table."""
+    n_params = sum(p.numel() for p in model.parameters())  # .parameters() yields a tied tensor once
+    n_params -= shape.n_positions * shape.d_model
+    return 6.0 * n_params + 12.0 * shape.n_layers * shape.d_model * shape.seq_len
+
+
+class Trainer:
+    """One model, its AdamW and its forward; ``step()`` runs one full training step."""
+
+    def __init__(self, model: nn.Module, forward: Callable[[nn.Module, Tensor], Tensor], dtype: torch.dtype) -> None:
+        self.model = model
+        self.forward = forward
+        self.dtype = dtype
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def step(self, ids: Tensor, targets: Tensor) -> float:
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.dtype == torch.bfloat16 else nullcontext()
+        with autocast:
+            loss = shared_loss(self.forward(self.model, ids), targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of the best of ``repeats`` ``torch.mm`` of two ``n x n`` matrices (after one warm-up)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+def _timed(trainer: Trainer, ids: Tensor, targets: Tensor, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.step(ids, targets)
+    return time.perf_counter() - start
+
+
+def compare(
+    shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, rounds: int, steps: int | None, target_s: float, seed: int = 0
+) -> Row:
+    """Median tokens/s of both models over ``rounds`` interleaved rounds of ``steps`` steps each
+    (``None``: as many as take about ``target_s`` seconds, the same number on both sides)."""
+    dtype = DTYPES[dtype_name]
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=generator)
+    ids, targets = data[:, :-1], data[:, 1:]
+    pair = (Trainer(ours, ours_logits, dtype), Trainer(peer, peer_logits, dtype))
+    warm = [_timed(t, ids, targets, 1) for t in pair for _ in range(2)]  # allocator and kernel warm-up
+    if steps is None:
+        steps = max(1, round(target_s / statistics.mean(warm)))
+    tokens = shape.batch * shape.seq_len * steps
+    rates: tuple[list[float], list[float]] = ([], [])
+    for r in range(rounds):
+        order = (0, 1) if r % 2 == 0 else (1, 0)  # alternate who goes first
+        for side in order:
+            rates[side].append(tokens / _timed(pair[side], ids, targets, steps))
+    return Row(shape.name, dtype_name, statistics.median(rates[0]), statistics.median(rates[1]),
+               flops_per_token(ours, shape), steps, rounds)
+
+
+def check_same_loss(shape: Shape, ours: nn.Module, peer: nn.Module) -> tuple[float, float]:
+    """The fp32 loss of both models on one batch: equal weights must give an equal loss."""
+    data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a = shared_loss(ours_logits(ours, data[:, :-1]), data[:, 1:]).item()
+        b = shared_loss(peer_logits(peer, data[:, :-1]), data[:, 1:]).item()
+    if not math.isclose(a, b, rel_tol=1e-4):
+        raise RuntimeError(f"{shape.name}: the models differ: loss {a:.6f} (ours) vs {b:.6f} (peer) with the same weights")
+    return a, b
+
+
+def profile_steps(shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, row_limit: int = 25) -> None:
+    """Print torch.profiler's table (by self CPU time) of two training steps of each model."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dtype = DTYPES[dtype_name]
+    data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=torch.Generator().manual_seed(2))
+    for name, trainer in (("ours", Trainer(ours, ours_logits, dtype)), ("peer", Trainer(peer, peer_logits, dtype))):
+        trainer.step(data[:, :-1], data[:, 1:])
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                trainer.step(data[:, :-1], data[:, 1:])
+        print(f"\n--- profile: {name}, {shape.name}, {dtype_name}, 2 steps ---")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=row_limit))
+
+
+# --------------------------------------------------------------------------- report
+
+
+def format_table(rows: Sequence[Row], peaks: dict[str, float]) -> str:
+    lines = [
+        "| shape | dtype | ours tok/s | peer tok/s | ours/peer | ours model TFLOP/s | ours % fp32 peak | ours % bf16 peak | peer % bf16 peak |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        ours_flops = r.flops_per_token * r.ours_tokens_per_s
+        peer_flops = r.flops_per_token * r.peer_tokens_per_s
+        lines.append(
+            f"| {r.shape} | {r.dtype} | {r.ours_tokens_per_s:,.0f} | {r.peer_tokens_per_s:,.0f} | {r.ratio:.2f} | "
+            f"{ours_flops / 1e12:.3f} | {100 * ours_flops / peaks['fp32']:.1f} | {100 * ours_flops / peaks['bf16']:.1f} | "
+            f"{100 * peer_flops / peaks['bf16']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="small,gpt2", help=f"comma-separated, from {', '.join(SHAPES)} (default: small,gpt2)")
+    p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated, from fp32, bf16 (default: fp32,bf16)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, the median is reported (default: 5)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per model per round (default: about --target-s seconds)")
+    p.add_argument("--target-s", type=float, default=1.0, help="seconds per model per round when --steps is not given (default: 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1, steadier on a shared "
+                   "machine: threads that wait on a busy core stall every parallel op; 0 = torch's choice)")
+    p.add_argument("--peer-activation", default="gelu_new", help="GPT2Config.activation_function of the peer "
+                   "(default: gelu_new, GPT-2's; gelu_pytorch_tanh is the same function as one fused kernel)")
+    p.add_argument("--peak-n", type=int, default=2048, help="size of the square matmul that measures the peak (default: 2048)")
+    p.add_argument("--profile", action="store_true", help="also print torch.profiler tables of two steps of each model")
+    p.add_argument("--quick", action="store_true", help="a tiny shape, 2 rounds of 1 step (a smoke test in seconds)")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.threads < 0:
+        p.error(f"--threads must be >= 0, got {args.threads}")
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be >= 1, got {args.steps}")
+    args.shape_list = [QUICK_SHAPE] if args.quick else [_choice(p, "--shapes", s, SHAPES) for s in args.shapes.split(",")]
+    args.dtype_list = [_choice(p, "--dtypes", d, DTYPES) and d for d in args.dtypes.split(",")]
+    if args.quick:
+        args.rounds, args.steps, args.peak_n = 2, 1, 256
+    return args
+
+
+def _choice(p: argparse.ArgumentParser, flag: str, value: str, table: dict) -> object:
+    if value not in table:
+        p.error(f"{flag}: unknown {value!r}; choose from {', '.join(table)}")
+    return table[value]
+
+
+def main(argv: Sequence[str] | None = None) -> list[Row]:
+    args = parse_args(argv)
+    logging.getLogger("aiayn.interop").setLevel(logging.ERROR)  # the in-memory import says it has no tokenizer
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    peaks = {name: matmul_peak(dtype, args.peak_n) for name, dtype in DTYPES.items()}
+    print(f"matmul peak ({args.peak_n}x{args.peak_n} torch.mm, best of 5): "
+          + ", ".join(f"{name} {flops / 1e12:.3f} TFLOP/s" for name, flops in peaks.items()))
+    rows = []
+    for shape in args.shape_list:
+        ours, peer = build_pair(shape, peer_activation=args.peer_activation)
+        a, b = check_same_loss(shape, ours, peer)
+        n_params = sum(p.numel() for p in ours.parameters())
+        print(f"\n{shape.name}: {shape.n_layers} layers, {shape.n_heads} heads, d_model {shape.d_model}, batch "
+              f"{shape.batch} x {shape.seq_len}, vocab {shape.vocab_size}: {n_params / 1e6:.2f} M parameters "
+              f"(peer: {sum(p.numel() for p in peer.parameters()) / 1e6:.2f} M, attention "
+              f"{peer.config._attn_implementation!r}, activation {args.peer_activation!r}); same-weights loss {a:.5f} vs {b:.5f}")
+        for dtype_name in args.dtype_list:
+            row = compare(shape, dtype_name, ours, peer, rounds=args.rounds, steps=args.steps, target_s=args.target_s)
+            rows.append(row)
+            print(f"  {dtype_name}: ours {row.ours_tokens_per_s:,.0f} tok/s, peer {row.peer_tokens_per_s:,.0f} tok/s, "
+                  f"ours/peer {row.ratio:.2f} (median of {row.rounds} rounds of {row.steps_per_round} steps)", flush=True)
+            if args.profile:
+                profile_steps(shape, dtype_name, ours, peer)
+        del ours, peer
+    print("\nmodel FLOPs per token = 6 N + 12 L d T (PaLM appendix B; N without the position table)")
+    print(format_table(rows, peaks))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

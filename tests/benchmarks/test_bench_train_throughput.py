@@ -1,0 +1,43 @@
+"""benchmarks/train_throughput.py --quick: both models train on a tiny shape and the table is printed."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_throughput.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("bench_train_throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_mode_times_both_models_in_both_dtypes(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load_script()
+    rows = bench.main(["--quick"])
+    assert [(r.shape, r.dtype) for r in rows] == [("tiny", "fp32"), ("tiny", "bf16")]
+    for r in rows:
+        assert r.ours_tokens_per_s > 0 and r.peer_tokens_per_s > 0 and math.isfinite(r.ratio)
+        assert r.rounds == 2 and r.steps_per_round == 1
+    out = capsys.readouterr().out
+    assert "| tiny | fp32 |" in out and "| tiny | bf16 |" in out
+    assert "same-weights loss" in out and "6 N + 12 L d T" in out
+
+
+def test_flops_formula_and_flag_errors() -> None:
+    bench = _load_script()
+    shape = bench.QUICK_SHAPE
+    ours, peer = bench.build_pair(shape)
+    n = sum(p.numel() for p in ours.parameters()) - shape.n_positions * shape.d_model
+    assert bench.flops_per_token(ours, shape) == 6 * n + 12 * shape.n_layers * shape.d_model * shape.seq_len
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in peer.parameters())
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--shapes", "huge"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0"])
