@@ -174,6 +174,7 @@ class EncoderOnlyConfig(TransformerConfig):
     n_classes: int = 2  # 0 = no classification head
     embedding_norm: bool = True  # BERT normalises the summed embeddings
     mlm_head: bool = True
+    pooler: bool | None = None  # the tanh pooler on [CLS]; None = only with a classification head
     tie_output: bool = True  # the masked-LM decoder shares the token embedding
 
     def __post_init__(self) -> None:
@@ -181,6 +182,7 @@ class EncoderOnlyConfig(TransformerConfig):
         _positive(self, "vocab_size", "n_layers")
         _rule(self.n_segments >= 0, "n_segments", self.n_segments, "must be >= 0")
         _rule(self.n_classes >= 0, "n_classes", self.n_classes, "must be >= 0")
+        _rule(self.pooler is not False or self.n_classes == 0, "pooler", self.pooler, "must not be False with a classification head (n_classes > 0)")
         _check_pad_id(self)
 
 

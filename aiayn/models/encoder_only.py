@@ -39,8 +39,9 @@ class EncoderOnly(nn.Module):
             self.mlm_transform = nn.Linear(d_model, d_model)
             self.mlm_norm = build_norm(config.norm, d_model, eps=config.norm_eps)
             self.mlm_output = nn.Linear(d_model, config.vocab_size)
-        if config.n_classes:  # BERT: tanh pooler on [CLS], then a linear classifier
+        if config.n_classes or config.pooler:  # BERT: tanh pooler on [CLS] ...
             self.pooler = nn.Linear(d_model, d_model)
+        if config.n_classes:  # ... then a linear classifier
             self.classifier = nn.Linear(d_model, config.n_classes)
         init_weights(self, config.init_std)
         if config.mlm_head and config.tie_output:
@@ -62,8 +63,13 @@ class EncoderOnly(nn.Module):
         """Hidden states ``(B, T, D)`` -> class logits ``(B, n_classes)`` from the first ([CLS]) position."""
         if not self.config.n_classes:
             raise ValueError("this model has no classification head (config.n_classes=0)")
-        pooled = torch.tanh(self.pooler(hidden[:, 0]))  # (B, D)
-        return self.classifier(self.dropout(pooled))
+        return self.classifier(self.dropout(self.pooled(hidden)))
+
+    def pooled(self, hidden: Tensor) -> Tensor:
+        """BERT's pooled output: ``tanh(W h_[CLS] + b)``, ``(B, D)``."""
+        if not hasattr(self, "pooler"):
+            raise ValueError("this model has no pooler (config.pooler and config.n_classes are unset)")
+        return torch.tanh(self.pooler(hidden[:, 0]))
 
     def attention_maps(
         self, ids: Tensor, pad_mask: Tensor | None = None, segment_ids: Tensor | None = None

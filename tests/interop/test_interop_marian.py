@@ -195,7 +195,7 @@ def test_different_encoder_and_decoder_sizes_are_refused():
         load_hf(marian(seed=0, decoder_ffn_dim=48))
 
 
-@pytest.mark.xfail(reason="core: no plain SiLU/swish activation (opus-mt models use swish); add 'silu' to ACTIVATIONS", strict=True)
+
 @torch.no_grad()
 def test_swish_marian():
     hf = marian(seed=3, activation_function="swish")
