@@ -72,6 +72,8 @@ class Row:
     flops_per_token: float
     steps_per_round: int
     rounds: int
+    ours_rates: tuple[float, ...]  # tokens/s of every round, in order
+    peer_rates: tuple[float, ...]
 
     @property
     def ratio(self) -> float:
@@ -81,7 +83,9 @@ class Row:
 # --------------------------------------------------------------------------- the two models
 
 
-def build_pair(shape: Shape, *, peer_activation: str = "gelu_new", seed: int = 0) -> tuple[nn.Module, nn.Module]:
+def build_pair(
+    shape: Shape, *, peer_activation: str = "gelu_new", ours_attention: str = "sdpa", seed: int = 0
+) -> tuple[nn.Module, nn.Module]:
     """(ours, peer) with the same shape and the same weights, in training mode, dropout 0."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -97,7 +101,7 @@ def build_pair(shape: Shape, *, peer_activation: str = "gelu_new", seed: int = 0
     peer = GPT2LMHeadModel(peer_config)
     ours = build_model(
         "gpt2-small", n_layers=shape.n_layers, n_heads=shape.n_heads, d_model=shape.d_model, d_ff=4 * shape.d_model,
-        vocab_size=shape.vocab_size, max_len=shape.n_positions, dropout=0.0,
+        vocab_size=shape.vocab_size, max_len=shape.n_positions, dropout=0.0, attention_backend=ours_attention,
     )
     ours.load_state_dict(load_hf(peer).model.state_dict())  # the same weights, through our GPT-2 key map
     return ours.train(), peer.train()
@@ -126,11 +130,14 @@ def flops_per_token(model: nn.Module, shape: Shape) -> float:
 class Trainer:
     """One model, its AdamW and its forward; ``step()`` runs one full training step."""
 
-    def __init__(self, model: nn.Module, forward: Callable[[nn.Module, Tensor], Tensor], dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: nn.Module, forward: Callable[[nn.Module, Tensor], Tensor], dtype: torch.dtype, adamw: str = "default"
+    ) -> None:
         self.model = model
         self.forward = forward
         self.dtype = dtype
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        impl = {} if adamw == "default" else {adamw: True}  # "default": torch's choice (a for-loop on the CPU)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **impl)
 
     def step(self, ids: Tensor, targets: Tensor) -> float:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.dtype == torch.bfloat16 else nullcontext()
@@ -165,7 +172,8 @@ def _timed(trainer: Trainer, ids: Tensor, targets: Tensor, steps: int) -> float:
 
 
 def compare(
-    shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, rounds: int, steps: int | None, target_s: float, seed: int = 0
+    shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, rounds: int, steps: int | None, target_s: float,
+    adamw: str = "default", seed: int = 0,
 ) -> Row:
     """Median tokens/s of both models over ``rounds`` interleaved rounds of ``steps`` steps each
     (``None``: as many as take about ``target_s`` seconds, the same number on both sides)."""
@@ -173,7 +181,7 @@ def compare(
     generator = torch.Generator().manual_seed(seed)
     data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=generator)
     ids, targets = data[:, :-1], data[:, 1:]
-    pair = (Trainer(ours, ours_logits, dtype), Trainer(peer, peer_logits, dtype))
+    pair = (Trainer(ours, ours_logits, dtype, adamw), Trainer(peer, peer_logits, dtype, adamw))
     warm = [_timed(t, ids, targets, 1) for t in pair for _ in range(2)]  # allocator and kernel warm-up
     if steps is None:
         steps = max(1, round(target_s / statistics.mean(warm)))
@@ -184,7 +192,7 @@ def compare(
         for side in order:
             rates[side].append(tokens / _timed(pair[side], ids, targets, steps))
     return Row(shape.name, dtype_name, statistics.median(rates[0]), statistics.median(rates[1]),
-               flops_per_token(ours, shape), steps, rounds)
+               flops_per_token(ours, shape), steps, rounds, tuple(rates[0]), tuple(rates[1]))
 
 
 def check_same_loss(shape: Shape, ours: nn.Module, peer: nn.Module) -> tuple[float, float]:
@@ -198,13 +206,15 @@ def check_same_loss(shape: Shape, ours: nn.Module, peer: nn.Module) -> tuple[flo
     return a, b
 
 
-def profile_steps(shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, row_limit: int = 25) -> None:
+def profile_steps(
+    shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, adamw: str = "default", row_limit: int = 25
+) -> None:
     """Print torch.profiler's table (by self CPU time) of two training steps of each model."""
     from torch.profiler import ProfilerActivity, profile
 
     dtype = DTYPES[dtype_name]
     data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=torch.Generator().manual_seed(2))
-    for name, trainer in (("ours", Trainer(ours, ours_logits, dtype)), ("peer", Trainer(peer, peer_logits, dtype))):
+    for name, trainer in (("ours", Trainer(ours, ours_logits, dtype, adamw)), ("peer", Trainer(peer, peer_logits, dtype, adamw))):
         trainer.step(data[:, :-1], data[:, 1:])
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(2):
@@ -243,6 +253,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "machine: threads that wait on a busy core stall every parallel op; 0 = torch's choice)")
     p.add_argument("--peer-activation", default="gelu_new", help="GPT2Config.activation_function of the peer "
                    "(default: gelu_new, GPT-2's; gelu_pytorch_tanh is the same function as one fused kernel)")
+    p.add_argument("--ours-attention", choices=("sdpa", "math"), default="sdpa",
+                   help="our config's attention_backend (default: sdpa, the library default; the peer always uses its default)")
+    p.add_argument("--adamw", choices=("default", "foreach", "fused"), default="default",
+                   help="AdamW implementation on both sides (default: torch's choice, a for-loop on the CPU; "
+                   "aiayn's build_optimizer takes fused)")
     p.add_argument("--peak-n", type=int, default=2048, help="size of the square matmul that measures the peak (default: 2048)")
     p.add_argument("--profile", action="store_true", help="also print torch.profiler tables of two steps of each model")
     p.add_argument("--quick", action="store_true", help="a tiny shape, 2 rounds of 1 step (a smoke test in seconds)")
@@ -253,44 +268,59 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"--threads must be >= 0, got {args.threads}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
-    args.shape_list = [QUICK_SHAPE] if args.quick else [_choice(p, "--shapes", s, SHAPES) for s in args.shapes.split(",")]
-    args.dtype_list = [_choice(p, "--dtypes", d, DTYPES) and d for d in args.dtypes.split(",")]
+    args.shape_list = [QUICK_SHAPE] if args.quick else [SHAPES[name] for name in _names(p, "--shapes", args.shapes, SHAPES)]
+    args.dtype_list = _names(p, "--dtypes", args.dtypes, DTYPES)
     if args.quick:
         args.rounds, args.steps, args.peak_n = 2, 1, 256
     return args
 
 
-def _choice(p: argparse.ArgumentParser, flag: str, value: str, table: dict) -> object:
-    if value not in table:
-        p.error(f"{flag}: unknown {value!r}; choose from {', '.join(table)}")
-    return table[value]
+def _names(p: argparse.ArgumentParser, flag: str, value: str, table: dict) -> list[str]:
+    names = value.split(",")
+    for name in names:
+        if name not in table:
+            p.error(f"{flag}: unknown {name!r}; choose from {', '.join(table)}")
+    return names
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     args = parse_args(argv)
     logging.getLogger("aiayn.interop").setLevel(logging.ERROR)  # the in-memory import says it has no tokenizer
+    threads = torch.get_num_threads()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)  # a caller in the same process (a test) gets its setting back
+
+
+def _run(args: argparse.Namespace) -> list[Row]:
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     peaks = {name: matmul_peak(dtype, args.peak_n) for name, dtype in DTYPES.items()}
     print(f"matmul peak ({args.peak_n}x{args.peak_n} torch.mm, best of 5): "
           + ", ".join(f"{name} {flops / 1e12:.3f} TFLOP/s" for name, flops in peaks.items()))
     rows = []
     for shape in args.shape_list:
-        ours, peer = build_pair(shape, peer_activation=args.peer_activation)
+        ours, peer = build_pair(shape, peer_activation=args.peer_activation, ours_attention=args.ours_attention)
         a, b = check_same_loss(shape, ours, peer)
         n_params = sum(p.numel() for p in ours.parameters())
         print(f"\n{shape.name}: {shape.n_layers} layers, {shape.n_heads} heads, d_model {shape.d_model}, batch "
               f"{shape.batch} x {shape.seq_len}, vocab {shape.vocab_size}: {n_params / 1e6:.2f} M parameters "
-              f"(peer: {sum(p.numel() for p in peer.parameters()) / 1e6:.2f} M, attention "
-              f"{peer.config._attn_implementation!r}, activation {args.peer_activation!r}); same-weights loss {a:.5f} vs {b:.5f}")
+              f"(peer: {sum(p.numel() for p in peer.parameters()) / 1e6:.2f} M); attention: ours {args.ours_attention!r}, peer "
+              f"{peer.config._attn_implementation!r}; peer activation {args.peer_activation!r}; AdamW {args.adamw}; "
+              f"same-weights loss {a:.5f} vs {b:.5f}")
         for dtype_name in args.dtype_list:
-            row = compare(shape, dtype_name, ours, peer, rounds=args.rounds, steps=args.steps, target_s=args.target_s)
+            row = compare(
+                shape, dtype_name, ours, peer, rounds=args.rounds, steps=args.steps, target_s=args.target_s, adamw=args.adamw
+            )
             rows.append(row)
             print(f"  {dtype_name}: ours {row.ours_tokens_per_s:,.0f} tok/s, peer {row.peer_tokens_per_s:,.0f} tok/s, "
-                  f"ours/peer {row.ratio:.2f} (median of {row.rounds} rounds of {row.steps_per_round} steps)", flush=True)
+                  f"ours/peer {row.ratio:.2f} (median of {row.rounds} rounds of {row.steps_per_round} steps; rounds ranged "
+                  f"{min(row.ours_rates):,.0f}..{max(row.ours_rates):,.0f} and {min(row.peer_rates):,.0f}..{max(row.peer_rates):,.0f})",
+                  flush=True)
             if args.profile:
-                profile_steps(shape, dtype_name, ours, peer)
+                profile_steps(shape, dtype_name, ours, peer, adamw=args.adamw)
         del ours, peer
     print("\nmodel FLOPs per token = 6 N + 12 L d T (PaLM appendix B; N without the position table)")
     print(format_table(rows, peaks))

@@ -8,6 +8,8 @@ multi-query).
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.nn.attention import BACKENDS, scaled_dot_product_attention
@@ -77,14 +79,16 @@ class MultiHeadAttention(nn.Module):
         batch, q_len, _ = x.shape
         if offset is None:
             offset = cache.length if cache is not None and memory is None else 0
-        q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
-
+        if memory is None:
+            q, k, v = self._project_self(x)  # (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)
+        else:
+            q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
         if memory is not None and cache is not None and cache.filled:
             k, v = cache.k, cache.v  # cross-attention: the encoder output was projected before
         else:
-            source = x if memory is None else memory
-            k = self._split(self.w_k(source), self.n_kv_heads)  # (B, Hkv, S, Dh)
-            v = self._split(self.w_v(source), self.n_kv_heads)
+            if memory is not None:
+                k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
+                v = self._split(self.w_v(memory), self.n_kv_heads)
             if memory is None and self.positions is not None:
                 q, k = self.positions.rotate(q, k, offset)
             if cache is not None:
@@ -109,6 +113,14 @@ class MultiHeadAttention(nn.Module):
         )
         out = out.transpose(1, 2).reshape(batch, q_len, self.n_heads * self.head_dim)  # (B, T, H*Dh)
         return self.w_o(out), weights
+
+    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's three projections as one matmul (one larger GEMM, one weight cast under
+        autocast); the weights stay three modules, so checkpoint keys do not change."""
+        weight = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # (H*Dh + 2*Hkv*Dh, D)
+        bias = None if self.w_q.bias is None else torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
+        q, k, v = F.linear(x, weight, bias).split([self.w_q.out_features, self.w_k.out_features, self.w_v.out_features], dim=-1)
+        return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         """``(B, T, heads*Dh) -> (B, heads, T, Dh)``."""

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from matplotlib.ticker import LogFormatter
+
 from aiayn.viz.style import SERIES_COLORS, new_figure, save_figure, style_axes, style_context
 
 __all__ = ["Series", "collect_series", "plot_curves", "plot_run", "OVERVIEW_FILE"]
@@ -140,6 +142,9 @@ def _draw(ax: Any, panel: _Panel, series: Mapping[str, Series]) -> None:
             ax.plot(s.steps, s.values, color=color, marker=marker, markersize=3, label=label)
     if panel.log_y and all(v > 0 for s in present for v in s.values):
         ax.set_yscale("log")
+        # Plain numbers (0.5, 2, 30) rather than 5x10^-1; minor ticks labelled only over a short range.
+        ax.yaxis.set_major_formatter(LogFormatter())
+        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
     style_axes(ax, title=panel.title, xlabel="step", ylabel=panel.ylabel, grid=True)
     if len(present) > 1 or panel.file == "loss":
         ax.legend()

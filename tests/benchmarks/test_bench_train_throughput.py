@@ -2,9 +2,11 @@
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -14,13 +16,16 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_throughput.
 def _load_script():
     spec = importlib.util.spec_from_file_location("bench_train_throughput", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
     spec.loader.exec_module(module)
     return module
 
 
 def test_quick_mode_times_both_models_in_both_dtypes(capsys: pytest.CaptureFixture[str]) -> None:
     bench = _load_script()
+    threads = torch.get_num_threads()
     rows = bench.main(["--quick"])
+    assert torch.get_num_threads() == threads  # restored for the rest of the session
     assert [(r.shape, r.dtype) for r in rows] == [("tiny", "fp32"), ("tiny", "bf16")]
     for r in rows:
         assert r.ours_tokens_per_s > 0 and r.peer_tokens_per_s > 0 and math.isfinite(r.ratio)
@@ -41,3 +46,6 @@ def test_flops_formula_and_flag_errors() -> None:
         bench.parse_args(["--shapes", "huge"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--dtypes", "fp32,fp8"])
+    assert bench.parse_args(["--shapes", "gpt2", "--dtypes", "bf16"]).dtype_list == ["bf16"]
