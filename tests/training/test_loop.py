@@ -211,3 +211,21 @@ def test_init_from_masked_lm_pretraining(tmp_path):
     assert result.data.src_tokenizer.encode("good") == pre.data.src_tokenizer.encode("good")
     with pytest.raises(FileNotFoundError, match="train.init_from: no such directory"):
         train(dataclasses.replace(fine, run_dir=str(tmp_path / "c2"), train=dataclasses.replace(fine.train, init_from=str(tmp_path / "no"))))
+
+
+def test_masked_lm_loss_only_scores_predicted_positions():
+    """Scoring only the labelled positions gives the loss of scoring all of them and ignoring the rest."""
+    from aiayn import build_model
+    from aiayn.data import MLMBatch
+    from aiayn.training.losses import masked_lm_loss
+
+    torch.manual_seed(0)
+    model = build_model("tiny-encoder-only").eval()
+    ids = torch.randint(7, 64, (3, 9))
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 5], labels[2, 0], labels[2, 8] = 11, 12, 13, 14
+    batch = MLMBatch(input=ids, labels=labels, pad_mask=torch.ones_like(ids, dtype=torch.bool), segment_ids=torch.zeros_like(ids))
+    loss = Objective(model, "mlm")(batch)
+    full = masked_lm_loss(model.masked_lm_logits(model(ids)), labels)
+    torch.testing.assert_close(loss.sum, full.sum)
+    assert int(loss.count) == int(full.count) == 4
