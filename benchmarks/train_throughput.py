@@ -285,14 +285,17 @@ def _names(p: argparse.ArgumentParser, flag: str, value: str, table: dict) -> li
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     args = parse_args(argv)
-    logging.getLogger("aiayn.interop").setLevel(logging.ERROR)  # the in-memory import says it has no tokenizer
+    interop_log = logging.getLogger("aiayn.interop")
+    log_level = interop_log.level
+    interop_log.setLevel(logging.ERROR)  # the in-memory import says it has no tokenizer
     threads = torch.get_num_threads()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     try:
         return _run(args)
     finally:
-        torch.set_num_threads(threads)  # a caller in the same process (a test) gets its setting back
+        torch.set_num_threads(threads)  # a caller in the same process (a test) gets its settings back
+        interop_log.setLevel(log_level)
 
 
 def _run(args: argparse.Namespace) -> list[Row]:

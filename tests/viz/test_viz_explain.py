@@ -37,7 +37,9 @@ def test_flops_match_flop_counter_and_the_formula():
     assert trace.total_flops == counter.get_total_flops()
     stage = {s.name: s for s in trace.stages}
     d, d_ff, v = 32, 64, 64
-    assert stage["encoder.layers.0.self_attn.w_q"].flops == 2 * 2 * 5 * d * d  # 2 * B * S * in * out
+    assert stage["encoder.layers.0.self_attn.w_o"].flops == 2 * 2 * 5 * d * d  # 2 * B * S * in * out
+    # self-attention projects q, k and v in one fused matmul, counted in its own ops with QK^T and AV
+    assert stage["encoder.layers.0.self_attn (own ops)"].flops == 2 * 2 * 5 * d * 3 * d + 2 * 2 * 2 * 5 * 5 * d
     assert stage["decoder.layers.1.ffn.w_1"].flops == 2 * 2 * 4 * d * d_ff
     assert stage["output"].flops == 2 * 2 * 4 * d * v
     # attention's own matmuls: QK^T and AV, 2 * B * H * T * S * Dh each = 2 * 2 * B * T * S * d in all
