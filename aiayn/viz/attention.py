@@ -25,6 +25,7 @@ from torch import nn
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
+from aiayn.tokenization import N_SPECIAL
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.special import BOS_ID, CLS_ID, EOS_ID, SEP_ID
 
@@ -56,6 +57,10 @@ def token_labels(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
     labels = []
     for i in ids:
         token = tokenizer.id_to_token(i)
+        # Byte-level BPE stores "Ġman" and "Ã¼" for " man" and "ü": decoding the one id shows the text itself.
+        text = tokenizer.decode([i]) if token is not None and i >= N_SPECIAL else ""
+        if text and "\ufffd" not in text:
+            token = text
         labels.append(f"#{i}" if token is None else token.replace(" ", "␣").replace("\n", "⏎") or "∅")
     return labels
 
