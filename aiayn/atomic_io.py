@@ -8,11 +8,14 @@ full disk by patching ``write_durable``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import uuid
 from pathlib import Path
+from typing import Iterator
 
-__all__ = ["write_durable", "fsync_dir", "atomic_write_bytes", "temporary_sibling"]
+__all__ = ["write_durable", "fsync_dir", "atomic_write_bytes", "temporary_sibling", "replace_directory"]
 
 
 def write_durable(path: Path, data: bytes) -> None:
@@ -50,5 +53,24 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def replace_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Fill the yielded temporary sibling; on success it replaces ``path`` whole, on failure it is removed."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    tmp.mkdir()
+    try:
+        yield tmp
+        fsync_dir(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(target.parent)

@@ -6,7 +6,6 @@ so the command never just fails.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Callable

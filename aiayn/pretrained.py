@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from aiayn.atomic_io import fsync_dir, temporary_sibling, write_durable
+from aiayn.atomic_io import replace_directory, write_durable
 from aiayn.models.config import TransformerConfig, config_from_dict
 from aiayn.models.presets import model_class
 from aiayn.tokenization.base import Tokenizer
@@ -25,7 +24,7 @@ from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.training.checkpoint import MARKER, resolve_checkpoint
 from aiayn.training.weights_io import load_state_dict_checked, read_safetensors, state_dict_to_bytes
 
-__all__ = ["Pretrained", "save_pretrained", "load_pretrained", "MODEL_FILE", "CONFIG_FILE"]
+__all__ = ["Pretrained", "save_pretrained", "load_pretrained", "model_dir", "MODEL_FILE", "CONFIG_FILE"]
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "config.json"
 _TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json")
@@ -64,23 +63,21 @@ def save_pretrained(
     if src_tokenizer is not None:
         check_tokenizer_fits(src_tokenizer, config.vocab_size, "vocab_size")  # type: ignore[attr-defined]
         check_tokenizer_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")  # type: ignore[arg-type,attr-defined]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(target)
-    tmp.mkdir()
-    try:
+    with replace_directory(target) as tmp:
         write_durable(tmp / MODEL_FILE, state_dict_to_bytes(model.state_dict()))
         write_durable(tmp / CONFIG_FILE, (config.to_json() + "\n").encode())
         if src_tokenizer is not None:
             save_tokenizer_pair(tmp, src_tokenizer, tgt_tokenizer)  # type: ignore[arg-type]
-        fsync_dir(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(target.parent)
     return target
+
+
+def model_dir(path: str | os.PathLike[str]) -> Path:
+    """The directory to load weights from: a model directory as given, a checkpoint (verified), or a
+    run directory's newest complete checkpoint."""
+    directory = Path(path)
+    if (directory / MODEL_FILE).is_file() and not (directory / MARKER).is_file():
+        return directory
+    return resolve_checkpoint(directory)
 
 
 def load_pretrained(path: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> Pretrained:
@@ -92,8 +89,7 @@ def load_pretrained(path: str | os.PathLike[str], *, device: str | torch.device 
     directory = Path(path)
     if not directory.exists():
         raise FileNotFoundError(f"no model at {directory}: no such directory")
-    if not (directory / MODEL_FILE).is_file() or (directory / MARKER).is_file():
-        directory = resolve_checkpoint(directory)  # a run directory, or a checkpoint to verify
+    directory = model_dir(directory)
     config_file = directory / CONFIG_FILE
     if not config_file.is_file():
         raise FileNotFoundError(f"{directory} holds {MODEL_FILE} but no {CONFIG_FILE}")

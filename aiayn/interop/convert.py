@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
+from aiayn.atomic_io import replace_directory
 from aiayn.interop.hf import Exported, Imported, load_hf, save_hf
 from aiayn.interop.hf_dir import CONFIG_FILE
 from aiayn.pretrained import load_pretrained, save_pretrained
@@ -67,17 +65,10 @@ def convert_to_hf(
         note = "the aiayn directory holds no tokenizer"
     elif loaded.tgt_tokenizer is not tokenizer:
         tokenizer, note = None, "source and target tokenizers differ; a Hugging Face directory holds one tokenizer.json"
-    tmp = target.with_name(f".tmp-{target.name}-{uuid.uuid4().hex[:8]}")
-    try:
+    with replace_directory(target) as tmp:
         exported = save_hf(tmp, loaded.model, tokenizer=tokenizer, architecture=architecture, hf_extras=extras)
         if tokenizer is not None and not (tmp / "tokenizer.json").is_file():
             note = f"a {type(tokenizer).__name__} has no tokenizer.json form"
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return exported, note
 
 

@@ -78,7 +78,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
         + f" ({get(n_max, 8, 'math', 'flops') / 1e9:.3f} GFLOP at n={n_max} either way); measured time 8 heads / 1 head = "
         + ", ".join(f"{r:.2f} ({k})" for k, r in time_ratios.items())
         + f". FLOPs equal: {'yes' if flops_equal else 'NO'}; every time ratio within 0.5..2: {'yes' if times_close else 'NO'}. "
-        + f"The matmul FLOPs are equal, but the scores are (B, h, n, n): with 8 heads the softmax and its memory traffic "
+        + "The matmul FLOPs are equal, but the scores are (B, h, n, n): with 8 heads the softmax and its memory traffic "
         + f"cover {8 * batch * n_max * n_max * 4 / 2**20:.0f} MiB of scores at n={n_max} against "
         + f"{batch * n_max * n_max * 4 / 2**20:.0f} MiB with one head, which FLOP counts of matmuls leave out."
     )

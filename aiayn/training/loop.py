@@ -20,9 +20,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from aiayn.config_io import save_yaml, to_dict
+from aiayn.config_io import save_yaml
 from aiayn.models.config import TransformerConfig
 from aiayn.models.presets import model_class
+from aiayn.pretrained import model_dir
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.training.checkpoint import (
@@ -254,12 +255,9 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
 
 def _init_dir(path: str) -> Path:
     """``train.init_from``: a model directory, a checkpoint, or a run directory (its newest checkpoint)."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"train.init_from: no such directory: {directory}")
-    if (directory / "model.safetensors").is_file() and not (directory / "COMPLETE").is_file():
-        return directory
-    return resolve_checkpoint(directory)
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"train.init_from: no such directory: {path}")
+    return model_dir(path)
 
 
 def _set_aside_newer(run_dir: Path, step: int) -> None:
