@@ -6,22 +6,23 @@ Post-LN, GELU and unscaled embeddings. The four classes differ in their heads on
 ==============================  ==========  ==============================================
 class                           mlm_head    n_classes
 ==============================  ==========  ==============================================
-BertModel                       False       0 (its pooler is dropped: see below)
+BertModel                       False       0 (pooler=True: the pooler without a classifier)
 BertForMaskedLM                 True        0
 BertForSequenceClassification   False       num_labels (pooler + classifier)
 BertForPreTraining              True        2 (pooler + next-sentence head as classifier)
 ==============================  ==========  ==============================================
 
-Not exact, and why: our core builds the tanh pooler only together with a classifier, so
-``BertModel``'s pooler is dropped on import (logged, listed in ``Imported.dropped``) and missing on
-export (transformers then initialises it); our masked-LM transform always uses exact GELU, so a
-BERT with an MLM head must have ``hidden_act="gelu"``. ``pad_id`` is BERT's ``pad_token_id``: with
-no ``pad_mask`` ours masks those tokens, while BERT attends to everything unless given an
-``attention_mask`` (with the tokenizer's mask, the two agree).
+A ``BertModel`` keeps its pooler (``pooler=True``) when its weights hold one. Not exact, and why: one
+of ours without a pooler exports as a ``BertModel`` whose pooler transformers initialises; our
+masked-LM transform always uses exact GELU, so a BERT with an MLM head must have
+``hidden_act="gelu"``. ``pad_id`` is BERT's ``pad_token_id``: with no ``pad_mask`` ours masks those
+tokens, while BERT attends to everything unless given an ``attention_mask`` (with the tokenizer's
+mask, the two agree).
 """
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import Any
 
 import torch
@@ -78,12 +79,6 @@ def _check_position_ids(key: str, tensor: torch.Tensor) -> str | None:
 _IGNORE_POSITION_IDS = Ignore(
     r"embeddings\.position_ids", "position-id buffer of old transformers versions (0..n-1)", _check_position_ids
 )
-_IGNORE_POOLER = Ignore(
-    r"pooler\.dense\.(weight|bias)",
-    "BertModel's pooler: aiayn's encoder-only model builds a pooler only with a classifier (n_classes > 0)",
-)
-
-
 def _rules(name: str, config: TransformerConfig) -> list[Rule]:
     assert isinstance(config, EncoderOnlyConfig)
     mlm, classes = _HEADS[name]
@@ -107,8 +102,9 @@ def _rules(name: str, config: TransformerConfig) -> list[Rule]:
         *layer_rules(BERT_LAYER, config.n_layers, "encoder.layer.{i}.", "encoder.layers.{i}."),
     ]
     rules = [_with_legacy_norm_names(r) for r in rules]
-    if classes is not None:
+    if classes is not None or (name == "BertModel" and config.pooler):
         rules += [Rule("pooler.dense.weight", ("pooler.weight",)), Rule("pooler.dense.bias", ("pooler.bias",))]
+    if classes is not None:
         head = "classifier" if classes == "labels" else "cls.seq_relationship"
         rules += [Rule(f"{head}.weight", ("classifier.weight",)), Rule(f"{head}.bias", ("classifier.bias",))]
     if mlm:
@@ -136,7 +132,8 @@ def _with_legacy_norm_names(rule: Rule) -> Rule:
     return Rule(rule.theirs, rule.ours, rule.transform, aliases=(*rule.aliases, legacy))
 
 
-def _config_from_hf(name: str, hf: dict[str, Any]) -> EncoderOnlyConfig:
+def _config_from_hf(name: str, hf: dict[str, Any], keys: Set[str]) -> EncoderOnlyConfig:
+    """``keys``: the weight names, which say whether a ``BertModel`` was saved with its pooler."""
     mlm, classes = _HEADS[name]
     require(hf, "is_decoder", (False,), name, "aiayn's encoder-only model is bidirectional")
     require(hf, "add_cross_attention", (False,), name)
@@ -161,7 +158,7 @@ def _config_from_hf(name: str, hf: dict[str, Any]) -> EncoderOnlyConfig:
         norm_position="post", positions="learned", max_len=_need(hf, "max_position_embeddings", name),
         scale_embeddings=False, init_std=hf.get("initializer_range", 0.02), pad_id=hf.get("pad_token_id"),
         n_segments=_need(hf, "type_vocab_size", name), n_classes=n_classes, embedding_norm=True, mlm_head=mlm,
-        tie_output=hf.get("tie_word_embeddings", True),
+        tie_output=hf.get("tie_word_embeddings", True), pooler=name == "BertModel" and "pooler.dense.weight" in keys or None,
     )
 
 
@@ -172,6 +169,8 @@ def _fits(name: str, config: TransformerConfig) -> str | None:
     if classes == "labels" and config.n_classes < 1:
         return f"n_classes=0, but {name} needs a classifier (n_classes >= 1)"
     n_classes = {None: 0, "nsp": 2, "labels": config.n_classes}[classes]
+    if mlm and classes is None and config.pooler:
+        return f"pooler=True, but {name} has no pooler"
     activations = ("gelu",) if mlm else ("gelu", "gelu_tanh", "relu")
     return require_ours(
         config, name, mlm_head=mlm, n_classes=n_classes, positions="learned", norm_position="post",
@@ -207,13 +206,12 @@ def _need(hf: dict[str, Any], key: str, name: str) -> Any:
 
 
 def _architecture(name: str) -> Architecture:
-    ignores = (_IGNORE_POSITION_IDS, _IGNORE_POOLER) if name == "BertModel" else (_IGNORE_POSITION_IDS,)
     return Architecture(
         name=name, model_type="bert", prefix="bert",
-        config_from_hf=lambda hf: _config_from_hf(name, hf),
+        config_from_hf=lambda hf, keys: _config_from_hf(name, hf, keys),
         config_to_hf=lambda config: _config_to_hf(name, config),
         rules=lambda config: _rules(name, config),
-        ignores=ignores,
+        ignores=(_IGNORE_POSITION_IDS,),
         fits=lambda config: _fits(name, config),
         heads=("cls.", "classifier."),
         base_model=name == "BertModel",

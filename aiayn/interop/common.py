@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ class Architecture:
     name: str
     model_type: str
     prefix: str
-    config_from_hf: Callable[[dict[str, Any]], TransformerConfig]
+    config_from_hf: Callable[[dict[str, Any], Set[str]], TransformerConfig]  # (config.json, weight names)
     config_to_hf: Callable[[TransformerConfig], dict[str, Any]]
     rules: Callable[[TransformerConfig], list[Rule]]
     ignores: tuple[Ignore, ...]

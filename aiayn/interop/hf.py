@@ -88,10 +88,10 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
     if hf_config.get("model_type") not in (None, arch.model_type):
         raise ConfigError(f"{arch.name} needs model_type={arch.model_type!r}, config says {hf_config['model_type']!r}")
 
-    config = arch.config_from_hf(hf_config)
+    short, display = _strip_prefix(tensors, arch)
+    config = arch.config_from_hf(hf_config, short.keys())
     model = model_class(config)(config)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    short, display = _strip_prefix(tensors, arch)
     try:
         ours, dropped = import_tensors(short, arch.rules(config), arch.ignores, display, shapes)
     except KeyMapError as e:
@@ -223,8 +223,8 @@ def _other_heads_hint(arch: Architecture, hf_config: dict[str, Any], tensors: di
         if other is arch or other.model_type != arch.model_type:
             continue
         try:
-            config = other.config_from_hf(hf_config)
-            import_tensors(_strip_prefix(tensors, other)[0], other.rules(config), other.ignores)
+            short = _strip_prefix(tensors, other)[0]
+            import_tensors(short, other.rules(other.config_from_hf(hf_config, short.keys())), other.ignores)
         except ValueError:  # KeyMapError, ConfigError, or a config value ours rejects
             continue
         return f" (the weights match {other.name}: pass architecture={other.name!r}, or --architecture {other.name})"

@@ -191,6 +191,6 @@ def _need(hf: dict[str, Any], key: str) -> Any:
 
 
 MARIAN_MT = Architecture(
-    name=NAME, model_type="marian", prefix="", config_from_hf=marian_config_from_hf,
+    name=NAME, model_type="marian", prefix="", config_from_hf=lambda hf, keys: marian_config_from_hf(hf),
     config_to_hf=marian_config_to_hf, rules=marian_rules, ignores=(), fits=marian_fits,
 )

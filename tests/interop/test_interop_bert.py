@@ -119,7 +119,6 @@ def test_round_trip_is_bit_exact(pair, tmp_path):
     theirs = {
         k: v for k, v in hf.state_dict().items()
         if k not in ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")  # tied: not saved
-        and not (type(hf).__name__ == "BertModel" and k.startswith("pooler."))  # dropped on import
     }
     assert_state_dicts_equal(exported, theirs)
 
@@ -165,20 +164,43 @@ def test_no_segments_export_as_one_zero_row(tmp_path):
     assert_close_where(ours.masked_lm_logits(ours(ids)), hf(ids).logits)
 
 
-def test_bert_model_drops_the_pooler_and_says_so(caplog):
+def test_bert_model_keeps_its_pooler():
     imported = load_hf(bert("BertModel", seed=2))
-    assert imported.dropped == ["pooler.dense.weight", "pooler.dense.bias"]
-    assert "pooler.dense.weight" in caplog.text
+    assert imported.config.pooler is True and imported.config.n_classes == 0
+    assert imported.dropped == []
+    without = transformers.BertModel(bert("BertModel", seed=2).config, add_pooling_layer=False)
+    assert load_hf(without).config.pooler is None
 
 
-@pytest.mark.xfail(reason="core: EncoderOnly builds the pooler only with a classifier (needs a `pooler` config field)", strict=True)
 @torch.no_grad()
 def test_bert_model_pooler_output():
     hf = bert("BertModel", seed=2)
     model = load_hf(hf).model
     ids = token_ids(2, 6, seed=3)
-    pooled = torch.tanh(model.pooler(model(ids)[:, 0]))  # AttributeError today: no pooler without n_classes
-    assert_close_where(pooled, hf(ids).pooler_output)
+    assert_close_where(model.pooled(model(ids)), hf(ids).pooler_output)
+
+
+@torch.no_grad()
+def test_a_pooler_without_classifier_exports_as_bert_model(tmp_path):
+    config = EncoderOnlyConfig(
+        vocab_size=61, n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.0, activation="gelu",
+        positions="learned", max_len=32, scale_embeddings=False, init_std=0.3, n_segments=2, pooler=True,
+        mlm_head=False, n_classes=0,
+    )
+    ours = EncoderOnly(config).eval()
+    assert save_hf(tmp_path, ours).architecture == "BertModel"
+    hf = transformers.BertModel.from_pretrained(tmp_path).eval()
+    ids = token_ids(2, 7, seed=4)
+    assert_close_where(ours.pooled(ours(ids)), hf(ids).pooler_output)
+
+
+def test_a_pooler_does_not_fit_a_masked_lm_export(tmp_path):
+    config = EncoderOnlyConfig(
+        vocab_size=61, n_layers=1, d_model=16, n_heads=2, d_ff=32, activation="gelu", positions="learned",
+        max_len=32, scale_embeddings=False, mlm_head=True, n_classes=0, pooler=True,
+    )
+    with pytest.raises(ConfigError, match="pooler=True, but BertForMaskedLM has no pooler"):
+        save_hf(tmp_path, EncoderOnly(config), architecture="BertForMaskedLM")
 
 
 def test_legacy_key_names_load(tmp_path):
