@@ -112,6 +112,7 @@ class LoopSection:
     seed: int = 0
     eval_every: int = 250
     eval_batches: int | None = None  # cap on validation batches; None = the whole split
+    eval_bleu: int = 0  # translation: also log val_bleu, greedy BLEU of this many validation sentences; 0 = off
     log_every: int = 10
     save_every: int = 500
     nonfinite: str = "raise"  # raise (stop before the optimizer step) | skip (drop the step)
@@ -131,6 +132,8 @@ class LoopSection:
             raise ValueError(f"train.stop_after={self.stop_after} must be in [1, max_steps={self.max_steps}] or null")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"train.max_minutes={self.max_minutes} must be > 0 or null")
+        if self.eval_bleu < 0:
+            raise ValueError(f"train.eval_bleu={self.eval_bleu} must be >= 0 (0 = off)")
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ValueError(f"train.eval_batches={self.eval_batches} must be >= 1 or null")
         _choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
@@ -147,6 +150,12 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: LoopSection = field(default_factory=LoopSection)
+
+    def __post_init__(self) -> None:
+        if self.train.eval_bleu and self.data.task != "translation":
+            raise ValueError(f"train.eval_bleu={self.train.eval_bleu} needs data.task='translation', got {self.data.task!r}")
+        if self.train.retention.metric == "val_bleu" and not self.train.eval_bleu:
+            raise ValueError("train.retention.metric='val_bleu' needs train.eval_bleu > 0 (sentences to translate)")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -21,6 +21,7 @@ from torch import nn
 from tqdm import tqdm
 
 from aiayn.config_io import save_yaml
+from aiayn.evaluation.during_training import bleu_eval_hook
 from aiayn.models.config import TransformerConfig
 from aiayn.models.presets import model_class
 from aiayn.pretrained import model_dir
@@ -78,9 +79,19 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
     if checkpoint is not None and dist_info.is_main:
         _set_aside_newer(run_dir, checkpoint.step)
     try:
-        return _train(config, run_dir, device, dist_info, checkpoint, eval_hook)
+        return _train(config, run_dir, device, dist_info, checkpoint, _with_bleu(eval_hook, loop.eval_bleu))
     finally:
         shutdown(dist_info)
+
+
+def _with_bleu(eval_hook: EvalHook | None, sentences: int) -> EvalHook | None:
+    """``eval_hook`` plus, if ``sentences`` > 0, greedy BLEU on that many validation sentences."""
+    if not sentences:
+        return eval_hook
+    bleu = bleu_eval_hook(sentences)
+    if eval_hook is None:
+        return bleu
+    return lambda model, data, step: {**bleu(model, data, step), **eval_hook(model, data, step)}
 
 
 def _train(
