@@ -7,6 +7,7 @@ Layout of ``run_dir/step-000123/``::
     optimizer.safetensors, .json        optimizer state_dict: its tensors, and the rest as tagged JSON
     trainer.json                        step, scheduler state, data-iterator state, metrics, best value
     rng.safetensors, rng.json           torch/CUDA/numpy/Python generator states
+    rank-{r}.safetensors, .json         data-parallel rank r >= 1: its generators and loader position
     <extra files>                       copied in for the caller (tokenizer.json, ...)
     COMPLETE                            written last: format, step, and each file's size and sha256
 
@@ -28,7 +29,7 @@ import shutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +52,7 @@ __all__ = [
     "BestValue",
     "TrainerState",
     "Checkpoint",
+    "RankState",
     "CorruptCheckpointError",
     "CorruptCheckpointWarning",
     "checkpoint_name",
@@ -77,6 +79,18 @@ RESERVED = frozenset(
     {MARKER, MODEL_FILE, CONFIG_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, TRAINER_FILE, RNG_TENSORS, RNG_JSON}
 )
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_RANK_JSON = re.compile(r"rank-(\d+)\.json")
+
+
+def _rank_files(rank: int) -> tuple[str, str]:
+    return f"rank-{rank}.safetensors", f"rank-{rank}.json"
+
+
+class RankState(NamedTuple):
+    """What differs between data-parallel ranks: their generators (dropout masks) and loader position."""
+
+    rng: RngState
+    data: dict[str, Any] | None
 
 
 class CorruptCheckpointWarning(UserWarning):
@@ -116,6 +130,7 @@ class Checkpoint:
     trainer: TrainerState | None
     rng: RngState | None
     extra_files: tuple[str, ...]
+    ranks: dict[int, RankState] = dataclasses.field(default_factory=dict)  # data-parallel ranks >= 1
 
 
 def checkpoint_name(step: int) -> str:
@@ -142,12 +157,14 @@ def save_checkpoint(
     extra_files: Sequence[str | os.PathLike[str]] = (),
     save_rng: bool = True,
     generators: Mapping[str, Generator] | None = None,
+    ranks: Sequence[RankState] = (),
 ) -> Path:
     """Write ``run_dir/step-NNNNNN`` atomically and return its path.
 
     ``config`` is a dataclass (stored with its ``to_dict()`` method if it has one, else
     ``config_io.to_dict``) or a JSON-ready mapping; ``data_state`` a JSON-ready dict from the data
-    iterator; ``generators`` named generators saved with the global RNG states. Everything is checked
+    iterator; ``generators`` named generators saved with the global RNG states; ``ranks`` the
+    generators and loader positions of data-parallel ranks 1, 2, ... (``rank-{r}.*``). Everything is checked
     before anything is written. Raises ``ValueError`` naming the first non-finite weight or a
     non-finite metric, ``TypeError`` naming what cannot be stored, ``FileExistsError`` if the
     checkpoint exists, and ``OSError`` (same errno) naming the checkpoint and file when a write fails,
@@ -177,6 +194,10 @@ def save_checkpoint(
         rng = capture_rng_state(generators)
         files.append((RNG_TENSORS, lambda: tensors_to_bytes(rng.tensors)))
         files.append((RNG_JSON, _constant(_json_bytes(rng.meta, "rng state"))))
+    for rank, state in enumerate(ranks, start=1):
+        tensors_name, json_name = _rank_files(rank)
+        files.append((tensors_name, _constant(tensors_to_bytes(state.rng.tensors))))
+        files.append((json_name, _constant(_json_bytes({"rng": state.rng.meta, "data": state.data}, f"state of rank {rank}"))))
     files.extend(_extra_files(extra_files))
     return write_checkpoint_dir(final, files, {"step": step})
 
@@ -408,6 +429,14 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if RNG_JSON in names:
         rng_tensors, _ = read_safetensors(path / RNG_TENSORS)
         rng = RngState(rng_tensors, _read_json(path / RNG_JSON))
+    ranks: dict[int, RankState] = {}
+    for name in names:
+        if match := _RANK_JSON.fullmatch(name):
+            rank = int(match.group(1))
+            rank_tensors, _ = read_safetensors(path / _rank_files(rank)[0])
+            meta = _read_json(path / name)
+            ranks[rank] = RankState(RngState(rank_tensors, meta["rng"]), meta["data"])
+    rank_files = {f for r in ranks for f in _rank_files(r)}
     return Checkpoint(
         path=path,
         step=int(marker["step"]),
@@ -416,7 +445,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         optimizer_state=optimizer_state,
         trainer=trainer,
         rng=rng,
-        extra_files=tuple(sorted(names - RESERVED)),
+        extra_files=tuple(sorted(names - RESERVED - rank_files)),
+        ranks=ranks,
     )
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "init_distributed", "all_reduce_sum", "any_rank", "shutdown"]
+__all__ = ["DistInfo", "init_distributed", "all_reduce_sum", "any_rank", "all_gather_objects", "shutdown"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,15 @@ def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item() > 0)
+
+
+def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+    """``obj`` of every rank, in rank order, on every rank (``[obj]`` on one process)."""
+    if not info.enabled:
+        return [obj]
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def shutdown(info: DistInfo) -> None:

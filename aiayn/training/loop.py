@@ -30,6 +30,7 @@ from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.training.checkpoint import (
     BestValue,
     Checkpoint,
+    RankState,
     list_checkpoints,
     latest_checkpoint,
     load_checkpoint,
@@ -39,12 +40,13 @@ from aiayn.training.checkpoint import (
     save_checkpoint,
 )
 from aiayn.training.config import TrainConfig, build_model_config
-from aiayn.training.distributed import DistInfo, all_reduce_sum, any_rank, init_distributed, shutdown
+from aiayn.training.distributed import DistInfo, all_gather_objects, all_reduce_sum, any_rank, init_distributed, shutdown
 from aiayn.training.evaluate import validate
 from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective, loss_count
 from aiayn.training.optim import build_optimizer_from_config, build_scheduler
 from aiayn.training.retention import rotate_checkpoints, update_best
+from aiayn.training.rng import capture_rng_state, restore_rng_state
 from aiayn.training.tasks import TaskData, build_task_data
 
 __all__ = ["train", "TrainResult", "EvalHook"]
@@ -84,6 +86,22 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
         shutdown(dist_info)
 
 
+def _rank_state(checkpoint: Checkpoint, rank: int) -> dict[str, Any]:
+    """Restore rank ``rank``'s own generators (rank 0's come with the checkpoint); return its loader state."""
+    if rank == 0:
+        assert checkpoint.trainer is not None  # restore_training_state checked it
+        return checkpoint.trainer.data or {}
+    state = checkpoint.ranks.get(rank)
+    if state is None:
+        saved = len(checkpoint.ranks) + 1
+        raise ValueError(
+            f"{checkpoint.path} was saved by {saved} data-parallel rank(s) and holds no state for rank {rank}: "
+            f"resume it with --nproc_per_node={saved}, or start a new run (train.init_from) to change the world size"
+        )
+    restore_rng_state(state.rng.tensors, state.rng.meta)
+    return state.data or {}
+
+
 def _with_bleu(eval_hook: EvalHook | None, sentences: int) -> EvalHook | None:
     """``eval_hook`` plus, if ``sentences`` > 0, greedy BLEU on that many validation sentences."""
     if not sentences:
@@ -118,8 +136,8 @@ def _train(
     if checkpoint is not None:
         _check_same_model(checkpoint, model_config)
         restore_training_state(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, rng=True)
+        data.train.load_state_dict(_rank_state(checkpoint, dist_info.rank))
         assert checkpoint.trainer is not None  # restore_training_state checked it
-        data.train.load_state_dict(checkpoint.trainer.data or {})
         step, best = checkpoint.step, checkpoint.trainer.best
         log.info("resumed from %s at step %d", checkpoint.path, step)
     else:
@@ -237,12 +255,16 @@ def _loop(s: _Session, step: int, best: BestValue | None, eval_hook: EvalHook | 
                 metrics_log.write(step, metrics)
             log.info("step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if step % loop.save_every == 0 or step == end:
+            # Every rank's generators and loader position: a resumed rank continues its own.
+            ranks = [RankState(capture_rng_state(), data.train.state_dict())] if dist_info.enabled else []
+            ranks = all_gather_objects(ranks[0], dist_info)[1:] if ranks else []
             if dist_info.is_main:
                 saved_metrics = metrics if metrics_step == step else {}
                 best = update_best(best, saved_metrics, step=step, retention=loop.retention)
                 last_saved = save_checkpoint(
                     s.run_dir, step=step, model=model, config=s.model_config, optimizer=optimizer, scheduler=scheduler,
                     data_state=data.train.state_dict(), metrics=saved_metrics, best=best, extra_files=s.extra_files,
+                    ranks=ranks,
                 )
                 rotate_checkpoints(s.run_dir, loop.retention)
     bar.close()

@@ -101,6 +101,27 @@ def test_two_gloo_ranks_equal_one_process_with_accumulation(tmp_path):
 
 
 @pytest.mark.slow
+def test_exact_resume_of_two_gloo_ranks_with_dropout(tmp_path):
+    """2 ranks for 4 steps == 2 ranks stopped at 2 and resumed in new processes: bit for bit.
+
+    Each rank draws its own dropout masks; the checkpoint keeps every rank's generators
+    and loader position (``rank-1.*``), so that rank 1 continues its own.
+    """
+    straight = save_config(translation_config(tmp_path / "a", steps=4, dropout=0.3), tmp_path / "a.yaml")
+    assert (out := torchrun("-m", "aiayn", "train", str(straight))).returncode == 0, out.stderr[-3000:]
+    halves = save_config(replace_loop(translation_config(tmp_path / "b", steps=4, dropout=0.3), stop_after=2), tmp_path / "b.yaml")
+    assert (out := torchrun("-m", "aiayn", "train", str(halves))).returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "b" / "run" / "step-000002" / "rank-1.json").is_file()
+    out = torchrun("-m", "aiayn", "train", str(halves), "--set", "train.stop_after=null")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert step_losses(tmp_path / "a" / "run") == step_losses(tmp_path / "b" / "run")
+    weights_a, _ = read_safetensors(tmp_path / "a" / "run" / "step-000004" / "model.safetensors")
+    weights_b, _ = read_safetensors(tmp_path / "b" / "run" / "step-000004" / "model.safetensors")
+    for name in weights_a:
+        assert torch.equal(weights_a[name], weights_b[name]), name
+
+
+@pytest.mark.slow
 def test_a_failing_rank_stops_every_rank(tmp_path):
     """Rank 1 raises at step 2: torchrun ends the other rank too and exits non-zero, well within the timeout."""
     config = translation_config(tmp_path, steps=50, dropout=0.0)
