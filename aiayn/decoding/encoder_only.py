@@ -72,10 +72,12 @@ def fill_mask(
 
 @torch.no_grad()
 def classify(model: EncoderOnly, ids: Tensor, pad_mask: Tensor | None = None, segment_ids: Tensor | None = None) -> Classification:
-    """Classify ``ids (B, T)`` from the [CLS] position. Raises ``ValueError`` for a model without a classifier."""
+    """Classify ``ids (B, T)`` from the pooled output ([CLS] or the mean of the real tokens). Raises ``ValueError`` for a model without a classifier."""
     if not model.config.n_classes:
         raise ValueError("this model has no classification head (config.n_classes=0): it cannot classify")
-    probs = model.classification_logits(model(ids, pad_mask, segment_ids)).float().softmax(dim=-1)  # (B, C)
+    if pad_mask is None and model.config.pad_id is not None:
+        pad_mask = ids != model.config.pad_id  # what the model derives too; mean pooling needs it
+    probs = model.classification_logits(model(ids, pad_mask, segment_ids), pad_mask).float().softmax(dim=-1)  # (B, C)
     return Classification(probs.argmax(dim=-1), probs)
 
 

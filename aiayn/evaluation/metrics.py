@@ -88,6 +88,6 @@ def evaluate_classifier(model: EncoderOnly, tokenizer: Tokenizer, data: LabeledT
     correct = 0
     for start in range(0, len(dataset), batch_size):
         batch = collate_classification([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))], np.random.default_rng(0)).to(device)
-        logits = model.classification_logits(model(batch.input, batch.pad_mask))
+        logits = model.classification_logits(model(batch.input, batch.pad_mask), batch.pad_mask)
         correct += int((logits.argmax(-1) == batch.labels).sum())
     return {"accuracy": round(correct / len(dataset), 4), "examples": len(dataset)}

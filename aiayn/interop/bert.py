@@ -175,7 +175,7 @@ def _fits(name: str, config: TransformerConfig) -> str | None:
     return require_ours(
         config, name, mlm_head=mlm, n_classes=n_classes, positions="learned", norm_position="post",
         has_final_norm=False, norm="layernorm", bias=True, scale_embeddings=False, embedding_norm=True,
-        n_kv_heads=(None, config.n_heads), activation=activations,
+        n_kv_heads=(None, config.n_heads), activation=activations, pooling="cls",
     )
 
 

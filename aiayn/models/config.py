@@ -175,6 +175,7 @@ class EncoderOnlyConfig(TransformerConfig):
     embedding_norm: bool = True  # BERT normalises the summed embeddings
     mlm_head: bool = True
     pooler: bool | None = None  # the tanh pooler on [CLS]; None = only with a classification head
+    pooling: str = "cls"  # what the pooler reads: cls = the first position (BERT), mean = the mean of the real tokens
     tie_output: bool = True  # the masked-LM decoder shares the token embedding
 
     def __post_init__(self) -> None:
@@ -183,6 +184,7 @@ class EncoderOnlyConfig(TransformerConfig):
         _rule(self.n_segments >= 0, "n_segments", self.n_segments, "must be >= 0")
         _rule(self.n_classes >= 0, "n_classes", self.n_classes, "must be >= 0")
         _rule(self.pooler is not False or self.n_classes == 0, "pooler", self.pooler, "must not be False with a classification head (n_classes > 0)")
+        _rule(self.pooling in ("cls", "mean"), "pooling", self.pooling, "must be 'cls' or 'mean'")
         _check_pad_id(self)
 
 

@@ -1,7 +1,8 @@
 """An encoder-only Transformer (BERT): bidirectional self-attention, masked-LM and classification heads.
 
 Read top to bottom: token + position + segment embeddings (normalised), the encoder stack, then a
-head: per-token vocabulary logits (masked LM) or a class from the first ([CLS]) position.
+head: per-token vocabulary logits (masked LM) or a class from the first ([CLS]) position (or, with
+``pooling="mean"``, from the mean of the real tokens).
 """
 
 from __future__ import annotations
@@ -59,17 +60,23 @@ class EncoderOnly(nn.Module):
         x = self.mlm_norm(F.gelu(self.mlm_transform(hidden)))
         return self.mlm_output(x)
 
-    def classification_logits(self, hidden: Tensor) -> Tensor:
-        """Hidden states ``(B, T, D)`` -> class logits ``(B, n_classes)`` from the first ([CLS]) position."""
+    def classification_logits(self, hidden: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """Hidden states ``(B, T, D)`` -> class logits ``(B, n_classes)`` from the pooled output."""
         if not self.config.n_classes:
             raise ValueError("this model has no classification head (config.n_classes=0)")
-        return self.classifier(self.dropout(self.pooled(hidden)))
+        return self.classifier(self.dropout(self.pooled(hidden, pad_mask)))
 
-    def pooled(self, hidden: Tensor) -> Tensor:
-        """BERT's pooled output: ``tanh(W h_[CLS] + b)``, ``(B, D)``."""
+    def pooled(self, hidden: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """BERT's pooled output ``tanh(W h + b)``, ``(B, D)``: ``h`` is the [CLS] state, or with
+        ``pooling="mean"`` the mean over the real tokens (``pad_mask`` ``True``; all if ``None``)."""
         if not hasattr(self, "pooler"):
             raise ValueError("this model has no pooler (config.pooler and config.n_classes are unset)")
-        return torch.tanh(self.pooler(hidden[:, 0]))
+        if self.config.pooling == "cls":
+            return torch.tanh(self.pooler(hidden[:, 0]))
+        if pad_mask is None:
+            return torch.tanh(self.pooler(hidden.mean(dim=1)))
+        weights = pad_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
+        return torch.tanh(self.pooler((hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)))
 
     def attention_maps(
         self, ids: Tensor, pad_mask: Tensor | None = None, segment_ids: Tensor | None = None

@@ -34,7 +34,7 @@ class Objective(nn.Module):
             return masked_lm_loss(logits[None], batch.labels[predicted][None], smoothing=eps)
         if isinstance(batch, ClassificationBatch):
             hidden = self.model(batch.input, batch.pad_mask)
-            return classification_loss(self.model.classification_logits(hidden), batch.labels, smoothing=eps)
+            return classification_loss(self.model.classification_logits(hidden, batch.pad_mask), batch.labels, smoothing=eps)
         raise TypeError(f"unknown batch type {type(batch).__name__}")
 
 
@@ -47,5 +47,5 @@ def loss_count(batch: TranslationBatch | LMBatch | MLMBatch | ClassificationBatc
 
 def accuracy_counts(model: nn.Module, batch: ClassificationBatch) -> tuple[int, int]:
     """(correct, total) predictions of a classifier on ``batch``."""
-    logits: Tensor = model.classification_logits(model(batch.input, batch.pad_mask))
+    logits: Tensor = model.classification_logits(model(batch.input, batch.pad_mask), batch.pad_mask)
     return int((logits.argmax(-1) == batch.labels).sum()), batch.labels.numel()

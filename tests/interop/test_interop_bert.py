@@ -232,3 +232,12 @@ def test_mlm_head_needs_exact_gelu():
         load_hf(bert("BertForMaskedLM", seed=0, hidden_act="relu"))
     # without the MLM head, any supported activation maps
     assert load_hf(bert("BertForSequenceClassification", seed=0, hidden_act="relu")).config.activation == "relu"
+
+
+def test_mean_pooling_does_not_export_as_bert(tmp_path):
+    config = EncoderOnlyConfig(
+        vocab_size=61, n_layers=1, d_model=16, n_heads=2, d_ff=32, activation="gelu", positions="learned",
+        max_len=32, scale_embeddings=False, mlm_head=False, n_classes=2, pooling="mean",
+    )
+    with pytest.raises(ConfigError, match="pooling='mean', but BertForSequenceClassification needs 'cls'"):
+        save_hf(tmp_path, EncoderOnly(config), architecture="BertForSequenceClassification")
