@@ -84,7 +84,10 @@ def scaled_dot_product_attention(
         # A row with nothing to attend to would be softmax over all -inf = NaN. Let such rows attend
         # everywhere (any finite result) and zero them afterwards, which also zeroes their gradients.
         has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
-        if not bool(has_key.all()):
+        # Checking first skips the fix-up in the usual case, but reading the answer stops the
+        # program until the device has computed it (and breaks a torch.compile graph): on devices
+        # other than the CPU, and when compiling, the fix-up is applied always.
+        if not _check_on_host(q) or not bool(has_key.all()):
             empty_rows = ~has_key
             mask = mask | empty_rows
 
@@ -106,6 +109,11 @@ def scaled_dot_product_attention(
         if weights is not None:
             weights = weights.masked_fill(empty_rows, 0.0)
     return out, weights
+
+
+def _check_on_host(q: Tensor) -> bool:
+    """Whether to look at the mask before fixing up fully masked rows (cheap only on the CPU, eagerly)."""
+    return q.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def _math_attention(

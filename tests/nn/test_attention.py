@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from aiayn.nn import attention
 from aiayn.nn.attention import scaled_dot_product_attention as attend
 from aiayn.nn.masks import attention_mask, causal_mask, padding_mask_from_lengths
 
@@ -97,9 +98,12 @@ def test_gradcheck_float64(backend):
     assert torch.autograd.gradcheck(lambda q, k, v: attend(q, k, v, mask=mask, backend=backend)[0], (q, k, v))
 
 
+@pytest.mark.parametrize("host_check", [True, False], ids=["checked-on-host", "always-fixed-up"])
 @pytest.mark.parametrize("backend", ["math", "sdpa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_fully_masked_rows_are_zero_with_finite_gradients(backend, dtype):
+def test_fully_masked_rows_are_zero_with_finite_gradients(backend, dtype, host_check, monkeypatch):
+    """Both ways: looking at the mask first (CPU) and fixing up unconditionally (GPU, compiled)."""
+    monkeypatch.setattr(attention, "_check_on_host", lambda q: host_check)
     q, k, v = (x.requires_grad_() for x in qkv(dtype=dtype))
     mask = torch.ones(2, 1, 5, 7, dtype=torch.bool)
     mask[0, :, 2] = False  # query 2 of row 0 may attend nothing
@@ -115,6 +119,15 @@ def test_fully_masked_rows_are_zero_with_finite_gradients(backend, dtype):
     ref = reference(q.detach(), k.detach(), v.detach(), mask)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out[0, :, :2].double(), ref[0, :, :2], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_unconditional_fix_up_changes_nothing_without_empty_rows(backend, monkeypatch):
+    q, k, v = qkv()
+    mask = attention_mask(torch.tensor([[True] * 7, [True] * 4 + [False] * 3]), causal=False, q_len=5)
+    checked, _ = attend(q, k, v, mask=mask, backend=backend)
+    monkeypatch.setattr(attention, "_check_on_host", lambda q: False)
+    assert torch.equal(attend(q, k, v, mask=mask, backend=backend)[0], checked)
 
 
 def test_return_weights_needs_math_backend():
