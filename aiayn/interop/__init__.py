@@ -3,7 +3,8 @@
 * ``GPT2LMHeadModel`` <-> the decoder-only family (:mod:`aiayn.interop.gpt2`);
 * ``BertModel``, ``BertForMaskedLM``, ``BertForSequenceClassification``, ``BertForPreTraining``
   <-> the encoder-only family (:mod:`aiayn.interop.bert`);
-* ``MarianMTModel`` <-> the encoder-decoder family (:mod:`aiayn.interop.marian`).
+* ``MarianMTModel`` and ``BartForConditionalGeneration`` <-> the encoder-decoder family
+  (:mod:`aiayn.interop.marian`, :mod:`aiayn.interop.bart`).
 
 Foreign (Hugging Face) names appear only in this package; ``transformers`` is not needed to
 convert (only :func:`to_hf_model` imports it). See docs/interop.md.

@@ -22,10 +22,11 @@ mask, the two agree).
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from aiayn.interop.common import (
     Architecture,
@@ -132,8 +133,8 @@ def _with_legacy_norm_names(rule: Rule) -> Rule:
     return Rule(rule.theirs, rule.ours, rule.transform, aliases=(*rule.aliases, legacy))
 
 
-def _config_from_hf(name: str, hf: dict[str, Any], keys: Set[str]) -> EncoderOnlyConfig:
-    """``keys``: the weight names, which say whether a ``BertModel`` was saved with its pooler."""
+def _config_from_hf(name: str, hf: dict[str, Any], weights: Mapping[str, Tensor]) -> EncoderOnlyConfig:
+    """``weights`` say whether a ``BertModel`` was saved with its pooler."""
     mlm, classes = _HEADS[name]
     require(hf, "is_decoder", (False,), name, "aiayn's encoder-only model is bidirectional")
     require(hf, "add_cross_attention", (False,), name)
@@ -158,7 +159,7 @@ def _config_from_hf(name: str, hf: dict[str, Any], keys: Set[str]) -> EncoderOnl
         norm_position="post", positions="learned", max_len=_need(hf, "max_position_embeddings", name),
         scale_embeddings=False, init_std=hf.get("initializer_range", 0.02), pad_id=hf.get("pad_token_id"),
         n_segments=_need(hf, "type_vocab_size", name), n_classes=n_classes, embedding_norm=True, mlm_head=mlm,
-        tie_output=hf.get("tie_word_embeddings", True), pooler=name == "BertModel" and "pooler.dense.weight" in keys or None,
+        tie_output=hf.get("tie_word_embeddings", True), pooler=name == "BertModel" and "pooler.dense.weight" in weights or None,
     )
 
 
@@ -208,7 +209,7 @@ def _need(hf: dict[str, Any], key: str, name: str) -> Any:
 def _architecture(name: str) -> Architecture:
     return Architecture(
         name=name, model_type="bert", prefix="bert",
-        config_from_hf=lambda hf, keys: _config_from_hf(name, hf, keys),
+        config_from_hf=lambda hf, weights: _config_from_hf(name, hf, weights),
         config_to_hf=lambda config: _config_to_hf(name, config),
         rules=lambda config: _rules(name, config),
         ignores=(_IGNORE_POSITION_IDS,),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from torch import Tensor
 
 from aiayn.interop.keymap import Ignore, Rule
 from aiayn.models.config import TransformerConfig
@@ -42,7 +44,7 @@ class Architecture:
     name: str
     model_type: str
     prefix: str
-    config_from_hf: Callable[[dict[str, Any], Set[str]], TransformerConfig]  # (config.json, weight names)
+    config_from_hf: Callable[[dict[str, Any], Mapping[str, Tensor]], TransformerConfig]  # (config.json, weights)
     config_to_hf: Callable[[TransformerConfig], dict[str, Any]]
     rules: Callable[[TransformerConfig], list[Rule]]
     ignores: tuple[Ignore, ...]

@@ -120,6 +120,6 @@ def _need(hf: dict[str, Any], key: str) -> Any:
 
 
 GPT2_LM_HEAD = Architecture(
-    name=NAME, model_type="gpt2", prefix="transformer", config_from_hf=lambda hf, keys: gpt2_config_from_hf(hf),
+    name=NAME, model_type="gpt2", prefix="transformer", config_from_hf=lambda hf, weights: gpt2_config_from_hf(hf),
     config_to_hf=gpt2_config_to_hf, rules=gpt2_rules, ignores=GPT2_IGNORES, fits=gpt2_fits, heads=("lm_head.",),
 )

@@ -89,7 +89,7 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
         raise ConfigError(f"{arch.name} needs model_type={arch.model_type!r}, config says {hf_config['model_type']!r}")
 
     short, display = _strip_prefix(tensors, arch)
-    config = arch.config_from_hf(hf_config, short.keys())
+    config = arch.config_from_hf(hf_config, short)
     model = model_class(config)(config)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     try:
@@ -224,7 +224,7 @@ def _other_heads_hint(arch: Architecture, hf_config: dict[str, Any], tensors: di
             continue
         try:
             short = _strip_prefix(tensors, other)[0]
-            import_tensors(short, other.rules(other.config_from_hf(hf_config, short.keys())), other.ignores)
+            import_tensors(short, other.rules(other.config_from_hf(hf_config, short)), other.ignores)
         except ValueError:  # KeyMapError, ConfigError, or a config value ours rejects
             continue
         return f" (the weights match {other.name}: pass architecture={other.name!r}, or --architecture {other.name})"

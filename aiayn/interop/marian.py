@@ -10,14 +10,15 @@ reads the stream (embeddings, q/k/v, fc1, the output projection) and the rows of
 writes it (out_proj, fc2, their biases), and the LayerNorm gains and biases (LayerNorm commutes with
 a permutation). The models then compute the same function; hidden states differ by ``perm``.
 
-Exact except for: ``final_logits_bias`` (an additive output bias) must be zero, since our output
-projection has none (it is zero in every opus-mt model); encoder and decoder must share head count
+``final_logits_bias`` is our ``output.bias`` (``output_bias=True``; zero in every opus-mt model).
+Exact except for: encoder and decoder must share head count
 and FFN size; Marian decodes from ``decoder_start_token_id = pad_token_id``, so when ``tgt`` starts
 with that token pass ``tgt_mask`` explicitly (ours would otherwise mask it as padding).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from aiayn.models.config import EncoderDecoderConfig, TransformerConfig
 from aiayn.nn.positional import sinusoid_table
 from aiayn.tokenization.special import BOS_ID, EOS_ID
 
-__all__ = ["MARIAN_MT", "marian_permutation", "marian_layer_table"]
+__all__ = ["MARIAN_MT", "marian_permutation", "marian_layer_table", "bart_layer_table", "output_bias_rule"]
 
 NAME = "MarianMTModel"
 MARIAN_NORM_EPS = 1e-5  # Marian's LayerNorms use torch's default eps
@@ -52,12 +53,19 @@ def marian_permutation(d_model: int) -> Tensor:
 
 
 def marian_layer_table(perm: Tensor, *, cross: bool) -> tuple[tuple[str, str, Transform], ...]:
-    """One layer: theirs (under ``model.{encoder,decoder}.layers.{i}.``) -> ours (under ``{encoder,decoder}.layers.{i}.``).
+    """One layer, with Marian's residual basis reordered by ``perm`` (see the module docstring)."""
+    return bart_layer_table(cross=cross, reads=permute_axis(1, perm), writes=permute_axis(0, perm))
 
-    ``reads``: the matrix's input is the residual stream (permute its columns); ``writes``: its
-    output is (permute its rows, and its bias); norms act on the stream (permute gain and bias).
+
+def bart_layer_table(
+    *, cross: bool, reads: Transform = COPY, writes: Transform = COPY
+) -> tuple[tuple[str, str, Transform], ...]:
+    """One layer of transformers' BART family (BART, Marian): theirs (under
+    ``model.{encoder,decoder}.layers.{i}.``) -> ours (under ``{encoder,decoder}.layers.{i}.``).
+
+    ``reads`` transforms the matrices whose input is the residual stream, ``writes`` those whose
+    output is (and their biases, and the norms, which act on the stream).
     """
-    reads, writes = permute_axis(1, perm), permute_axis(0, perm)
     attention = [("self_attn", "self_attn", "self_attn_layer_norm", "self_attn_norm")]
     if cross:
         attention.append(("encoder_attn", "cross_attn", "encoder_attn_layer_norm", "cross_attn_norm"))
@@ -101,16 +109,30 @@ def marian_rules(config: TransformerConfig) -> list[Rule]:
                 rules.append(Rule(f"model.{stack}.layers.{i}.{theirs}", (f"{stack}.layers.{i}.{ours}",), transform))
         # transformers does not save these (they are a function of the shape); old checkpoints hold them.
         rules.append(Rule(f"model.{stack}.embed_positions.weight", (), _sinusoids(perm), optional=True, export=False))
+    rules.append(output_bias_rule(config))
+    return rules
+
+
+def has_output_bias(weights: Mapping[str, Tensor]) -> bool:
+    """A non-zero ``final_logits_bias`` needs ``output_bias=True``; a zero one (opus-mt, BART) does not."""
+    bias = weights.get("final_logits_bias")
+    return bias is not None and bool(bias.any())
+
+
+LOGITS_BIAS = Transform("row-to-vector", lambda t: (t.reshape(-1),), lambda t: t.reshape(1, -1))
+
+
+def output_bias_rule(config: EncoderDecoderConfig) -> Rule:
+    """BART-family ``final_logits_bias (1, V)`` <-> our ``output.bias (V,)``; all zeros without one."""
+    if config.output_bias:
+        return Rule("final_logits_bias", ("output.bias",), LOGITS_BIAS)
     vocab = config.target_vocab_size
     zero_bias = derived(
         "zero-logits-bias",
-        lambda t: None if not t.any() else (
-            "final_logits_bias is non-zero, and aiayn's output projection has no bias (core option needed)"
-        ),
+        lambda t: None if not t.any() else "final_logits_bias is non-zero: import with output_bias=True",
         lambda: torch.zeros(1, vocab),
     )
-    rules.append(Rule("final_logits_bias", (), zero_bias, optional=True))
-    return rules
+    return Rule("final_logits_bias", (), zero_bias, optional=True)
 
 
 def _lm_head(config: EncoderDecoderConfig) -> tuple[str, ...]:
@@ -129,7 +151,7 @@ def _sinusoids(perm: Tensor) -> Transform:
     return derived("sinusoids", check, None)
 
 
-def marian_config_from_hf(hf: dict[str, Any]) -> EncoderDecoderConfig:
+def marian_config_from_hf(hf: dict[str, Any], weights: Mapping[str, Tensor]) -> EncoderDecoderConfig:
     for ours, (enc, dec) in {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"),
                              "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}.items():
         if _need(hf, enc) != _need(hf, dec):
@@ -152,6 +174,7 @@ def marian_config_from_hf(hf: dict[str, Any]) -> EncoderDecoderConfig:
         positions="sinusoidal", max_len=_need(hf, "max_position_embeddings"),
         scale_embeddings=hf.get("scale_embedding", False), init_std=hf.get("init_std", 0.02),
         pad_id=hf.get("pad_token_id"), share_embeddings=share, tie_output=hf.get("tie_word_embeddings", True),
+        output_bias=has_output_bias(weights),
     )
 
 
@@ -162,7 +185,7 @@ def marian_fits(config: TransformerConfig) -> str | None:
         return f"rope_base={config.rope_base!r}, but {NAME}'s sinusoids use base 10000"
     return require_ours(
         config, NAME, positions="sinusoidal", norm_position="post", has_final_norm=False, norm="layernorm",
-        bias=True, norm_eps=MARIAN_NORM_EPS, n_kv_heads=(None, config.n_heads),
+        bias=True, norm_eps=MARIAN_NORM_EPS, n_kv_heads=(None, config.n_heads), embedding_norm=False,
     )
 
 
@@ -191,6 +214,6 @@ def _need(hf: dict[str, Any], key: str) -> Any:
 
 
 MARIAN_MT = Architecture(
-    name=NAME, model_type="marian", prefix="", config_from_hf=lambda hf, keys: marian_config_from_hf(hf),
+    name=NAME, model_type="marian", prefix="", config_from_hf=marian_config_from_hf,
     config_to_hf=marian_config_to_hf, rules=marian_rules, ignores=(), fits=marian_fits,
 )

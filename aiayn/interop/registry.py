@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from aiayn.interop.bart import BART
 from aiayn.interop.bert import BERT_ARCHITECTURES
 from aiayn.interop.common import Architecture
 from aiayn.interop.gpt2 import GPT2_LM_HEAD
@@ -10,15 +11,11 @@ from aiayn.interop.marian import MARIAN_MT
 __all__ = ["ARCHITECTURES", "NOT_SUPPORTED", "UnsupportedArchitecture", "architecture"]
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (GPT2_LM_HEAD, *BERT_ARCHITECTURES.values(), MARIAN_MT)
+    a.name: a for a in (GPT2_LM_HEAD, *BERT_ARCHITECTURES.values(), MARIAN_MT, BART)
 }
 
 # Classes people ask for that the core cannot yet represent exactly, and what it lacks.
 NOT_SUPPORTED: dict[str, str] = {
-    "BartForConditionalGeneration": (
-        "BART normalises the embeddings before the first layer (layernorm_embedding) and adds final_logits_bias; "
-        "aiayn's encoder-decoder has neither an embedding norm nor an output bias (see docs/interop.md)"
-    ),
     "GPT2Model": "load the GPT2LMHeadModel (the same weights with the tied head) instead",
 }
 

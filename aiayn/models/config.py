@@ -129,6 +129,8 @@ class EncoderDecoderConfig(TransformerConfig):
     n_decoder_layers: int = 6
     share_embeddings: bool = True  # one table for source and target (needs one shared vocabulary)
     tie_output: bool = True  # target embedding = pre-softmax projection (section 3.4)
+    embedding_norm: bool = False  # BART: a norm on embeddings + positions, on each side
+    output_bias: bool = False  # BART: a bias on the output logits (final_logits_bias)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -14,6 +14,7 @@ from aiayn.nn.blocks import TransformerStack
 from aiayn.nn.cache import KVCache
 from aiayn.nn.embedding import TokenEmbedding
 from aiayn.nn.masks import check_padding_mask
+from aiayn.nn.norm import build_norm
 
 __all__ = ["EncoderDecoder"]
 
@@ -36,6 +37,9 @@ class EncoderDecoder(nn.Module):
         )
         self.src_positions = build_positions(config)
         self.tgt_positions = build_positions(config)
+        if config.embedding_norm:  # BART's layernorm_embedding (not in the paper)
+            self.src_embed_norm = build_norm(config.norm, d_model, eps=config.norm_eps, bias=config.bias)
+            self.tgt_embed_norm = build_norm(config.norm, d_model, eps=config.norm_eps, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)  # section 5.4: on the sums of embeddings and positions
         self.encoder = TransformerStack(
             spec, config.n_encoder_layers, causal=False, cross_attention=False,
@@ -45,7 +49,7 @@ class EncoderDecoder(nn.Module):
             spec, config.n_decoder_layers, causal=True, cross_attention=True,
             final_norm=config.has_final_norm, positions=self.tgt_positions,
         )
-        self.output = nn.Linear(d_model, config.target_vocab_size, bias=False)  # pre-softmax projection
+        self.output = nn.Linear(d_model, config.target_vocab_size, bias=config.output_bias)  # pre-softmax projection
         init_weights(self, config.init_std)
         if config.tie_output:
             self.output.weight = self.tgt_embed.weight  # section 3.4: shared with the target embedding
@@ -97,7 +101,10 @@ class EncoderDecoder(nn.Module):
         }
 
     def _encode(self, src: Tensor, src_mask: Tensor | None, return_weights: bool = False) -> tuple[Tensor, list]:
-        x = self.dropout(self.src_positions.embed(self.src_embed(src)))  # (B, S, D)
+        x = self.src_positions.embed(self.src_embed(src))  # (B, S, D)
+        if self.config.embedding_norm:
+            x = self.src_embed_norm(x)
+        x = self.dropout(x)
         mask = src_mask[:, None, None, :] if src_mask is not None else None  # (B, 1, 1, S)
         return self.encoder(x, mask=mask, return_weights=return_weights)
 
@@ -119,7 +126,10 @@ class EncoderDecoder(nn.Module):
                 check_padding_mask(tgt_mask, "tgt_mask", shape=(tgt.shape[0], offset + tgt.shape[1]))
         if src_mask is not None:
             check_padding_mask(src_mask, "src_mask", shape=tuple(memory.shape[:2]))
-        x = self.dropout(self.tgt_positions.embed(self.tgt_embed(tgt), offset))  # (B, T, D)
+        x = self.tgt_positions.embed(self.tgt_embed(tgt), offset)  # (B, T, D)
+        if self.config.embedding_norm:
+            x = self.tgt_embed_norm(x)
+        x = self.dropout(x)
         self_mask = tgt_mask[:, None, None, :] if tgt_mask is not None else None  # (B, 1, 1, offset+T); causal added inside
         memory_mask = src_mask[:, None, None, :] if src_mask is not None else None  # (B, 1, 1, S)
         x, weights = self.decoder(

@@ -63,6 +63,24 @@ def marian(seed: int = 0, **overrides) -> nn.Module:
     return randomize(transformers.MarianMTModel(transformers.MarianConfig(**settings)), seed)
 
 
+def bart(seed: int = 0, **overrides) -> nn.Module:
+    """A tiny random BART, its learned positions and embedding norms randomized too."""
+    settings = dict(
+        vocab_size=VOCAB, d_model=24, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=40, decoder_ffn_dim=40, max_position_embeddings=64,
+        activation_function="gelu", pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+        decoder_start_token_id=EOS, forced_bos_token_id=None, forced_eos_token_id=None,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    model = randomize(transformers.BartForConditionalGeneration(transformers.BartConfig(**settings)), seed)
+    with torch.no_grad():
+        for stack in (model.model.encoder, model.model.decoder):
+            stack.embed_positions.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(seed + 1))
+    return model
+
+
 def token_ids(batch: int, length: int, seed: int, low: int = 3, high: int = VOCAB - 1) -> Tensor:
     """Random ids avoiding the special ids 0..2 and PAD, so no mask is derived by accident."""
     return torch.randint(low, high, (batch, length), generator=torch.Generator().manual_seed(seed))
@@ -103,3 +121,25 @@ def assert_state_dicts_equal(a: dict[str, Tensor], b: dict[str, Tensor]) -> None
     for key in a:
         assert a[key].dtype == b[key].dtype, key
         assert torch.equal(a[key], b[key]), key
+
+
+@torch.no_grad()
+def greedy(model: nn.Module, src, src_mask, start: int, eos: int, pad: int, max_new_tokens: int):
+    """Greedy decoding with our encoder output computed once and the decoder's KV cache.
+
+    Returns the tokens ``(B, L)`` and each step's logits ``(B, L, V)``.
+    """
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    cache = model.new_cache()
+    token = torch.full((src.shape[0], 1), start)
+    finished = torch.zeros(src.shape[0], dtype=torch.bool)
+    steps, scores = [], []
+    for _ in range(max_new_tokens):
+        logits = model.decode(token, memory, src_mask=src_mask, cache=cache)  # (B, 1, V)
+        scores.append(logits[:, -1])
+        token = logits[:, -1].argmax(-1).masked_fill(finished, pad)[:, None]
+        steps.append(token)
+        finished |= token[:, 0] == eos
+        if bool(finished.all()):
+            break
+    return torch.cat(steps, dim=1), torch.stack(scores, dim=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from interop_helpers import (
     PAD,
     assert_close_where,
     assert_state_dicts_equal,
+    greedy,
     marian,
     record_layer_outputs,
     right_padded,
@@ -18,7 +21,7 @@ from interop_helpers import (
 )
 
 from aiayn.interop import ConfigError, KeyMapError, load_hf, save_hf, to_hf
-from aiayn.interop.marian import marian_permutation
+from aiayn.interop.marian import marian_permutation, output_bias_rule
 from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.nn.positional import sinusoid_table
@@ -95,28 +98,6 @@ def test_hidden_states_layer_by_layer_up_to_the_permutation(pair):
             assert_close_where(hidden, theirs[i + 1].index_select(-1, perm), mask, what=f"{name} layer {i}")
 
 
-@torch.no_grad()
-def greedy(model: EncoderDecoder, src, src_mask, start: int, eos: int, pad: int, max_new_tokens: int):
-    """Greedy decoding with our encoder output computed once and the decoder's KV cache.
-
-    Returns the tokens ``(B, L)`` and each step's logits ``(B, L, V)``.
-    """
-    memory = model.encode(src, src_mask)  # (B, S, D)
-    cache = model.new_cache()
-    token = torch.full((src.shape[0], 1), start)
-    finished = torch.zeros(src.shape[0], dtype=torch.bool)
-    steps, scores = [], []
-    for _ in range(max_new_tokens):
-        logits = model.decode(token, memory, src_mask=src_mask, cache=cache)  # (B, 1, V)
-        scores.append(logits[:, -1])
-        token = logits[:, -1].argmax(-1).masked_fill(finished, pad)[:, None]
-        steps.append(token)
-        finished |= token[:, 0] == eos
-        if bool(finished.all()):
-            break
-    return torch.cat(steps, dim=1), torch.stack(scores, dim=1)
-
-
 def test_greedy_decoding_matches_generate(pair):
     hf, imported = pair
     src, src_mask = right_padded(token_ids(3, 8, seed=7), [8, 6, 3], pad=PAD)
@@ -175,11 +156,23 @@ def test_our_model_exports_to_transformers(tmp_path):
     assert_state_dicts_equal(back.model.state_dict(), ours.state_dict())
 
 
-def test_nonzero_final_logits_bias_is_refused():
+@torch.no_grad()
+def test_a_nonzero_final_logits_bias_is_our_output_bias():
+    hf = marian(seed=2).eval()
+    hf.final_logits_bias.copy_(torch.randn(hf.final_logits_bias.shape))
+    ours = load_hf(hf).model
+    assert ours.config.output_bias
+    src, tgt = token_ids(2, 7, seed=3, high=60), token_ids(2, 5, seed=4)
+    assert_close_where(ours(src, tgt), hf(input_ids=src, decoder_input_ids=tgt).logits)
+
+
+def test_without_an_output_bias_a_nonzero_one_is_refused(tmp_path):
     hf = marian(seed=2)
     hf.final_logits_bias.fill_(0.5)
-    with pytest.raises(KeyMapError, match=r"final_logits_bias is non-zero.*no bias"):
-        load_hf(hf)
+    config = dataclasses.replace(load_hf(hf).config, output_bias=False)
+    rule = output_bias_rule(config)
+    with pytest.raises(KeyMapError, match="final_logits_bias is non-zero: import with output_bias=True"):
+        rule.transform.to_ours(hf.final_logits_bias)
 
 
 def test_trained_positions_are_refused():
