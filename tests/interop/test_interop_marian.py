@@ -21,7 +21,8 @@ from interop_helpers import (
 )
 
 from aiayn.interop import ConfigError, KeyMapError, load_hf, save_hf, to_hf
-from aiayn.interop.marian import marian_permutation, output_bias_rule
+from aiayn.interop.bart_family import output_bias_rule
+from aiayn.interop.marian import marian_permutation
 from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.nn.positional import sinusoid_table
