@@ -12,21 +12,18 @@ Layout of ``run_dir/step-000123/``::
     COMPLETE                            written last: format, step, and each file's size and sha256
 
 Everything is written into a hidden temporary sibling, fsynced, then renamed into place, so a
-directory named ``step-*`` either holds a ``COMPLETE`` marker or is not a checkpoint. One process
-(rank 0) writes to a run directory. Memory note: each file is serialized in memory before it is
-written, one file at a time.
+directory named ``step-*`` either holds a ``COMPLETE`` marker or is not a checkpoint (that machinery,
+verification and finding checkpoints: :mod:`aiayn.training.checkpoint_files`). One process (rank 0)
+writes to a run directory. Memory note: each file is serialized in memory before it is written, one
+file at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import re
-import shutil
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -34,8 +31,28 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from aiayn import atomic_io
 from aiayn.config_io import to_dict
+from aiayn.training.checkpoint_files import (
+    CONFIG_FILE,
+    FORMAT,
+    MARKER,
+    MODEL_FILE,
+    OPTIMIZER_JSON,
+    OPTIMIZER_TENSORS,
+    RESERVED,
+    RNG_JSON,
+    RNG_TENSORS,
+    TRAINER_FILE,
+    CorruptCheckpointWarning,
+    checkpoint_name,
+    json_bytes,
+    latest_checkpoint,
+    list_checkpoints,
+    read_json,
+    resolve_checkpoint,
+    verify_checkpoint,
+    write_checkpoint_dir,
+)
 from aiayn.training.rng import Generator, RngState, capture_rng_state, restore_rng_state
 from aiayn.training.tensor_tree import flatten_tree, unflatten_tree
 from aiayn.training.weights_io import (
@@ -66,19 +83,10 @@ __all__ = [
     "read_trainer_state",
     "load_model_weights",
     "restore_training_state",
+    # the directory format, from checkpoint_files
+    "FORMAT", "MARKER", "MODEL_FILE", "CONFIG_FILE", "RESERVED",
 ]
 
-FORMAT = 1
-MARKER = "COMPLETE"
-MODEL_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-OPTIMIZER_TENSORS, OPTIMIZER_JSON = "optimizer.safetensors", "optimizer.json"
-TRAINER_FILE = "trainer.json"
-RNG_TENSORS, RNG_JSON = "rng.safetensors", "rng.json"
-RESERVED = frozenset(
-    {MARKER, MODEL_FILE, CONFIG_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, TRAINER_FILE, RNG_TENSORS, RNG_JSON}
-)
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 _RANK_JSON = re.compile(r"rank-(\d+)\.json")
 
 
@@ -91,10 +99,6 @@ class RankState(NamedTuple):
 
     rng: RngState
     data: dict[str, Any] | None
-
-
-class CorruptCheckpointWarning(UserWarning):
-    """A checkpoint was skipped because one of its files is corrupt."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,13 +137,6 @@ class Checkpoint:
     ranks: dict[int, RankState] = dataclasses.field(default_factory=dict)  # data-parallel ranks >= 1
 
 
-def checkpoint_name(step: int) -> str:
-    """Directory name of the checkpoint at ``step`` (``step-000123``)."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an int >= 0, got {step!r}")
-    return f"step-{step:06d}"
-
-
 # --------------------------------------------------------------------------- saving
 
 
@@ -175,12 +172,12 @@ def save_checkpoint(
     check_finite(model_state)
     files: list[tuple[str, Callable[[], bytes]]] = [
         (MODEL_FILE, lambda: state_dict_to_bytes(model_state)),
-        (CONFIG_FILE, _constant(_json_bytes(_config_dict(config), "config"))),
+        (CONFIG_FILE, _constant(json_bytes(_config_dict(config), "config"))),
     ]
     if optimizer is not None:
         opt_tensors, opt_tree = flatten_tree(optimizer.state_dict())
         files.append((OPTIMIZER_TENSORS, lambda: tensors_to_bytes(opt_tensors)))
-        files.append((OPTIMIZER_JSON, _constant(_json_bytes({"format": FORMAT, "state": opt_tree}, "optimizer state"))))
+        files.append((OPTIMIZER_JSON, _constant(json_bytes({"format": FORMAT, "state": opt_tree}, "optimizer state"))))
     trainer = {
         "format": FORMAT,
         "step": step,
@@ -189,68 +186,21 @@ def save_checkpoint(
         "metrics": _check_metrics(metrics or {}),
         "best": None if best is None else dataclasses.asdict(best),
     }
-    files.append((TRAINER_FILE, _constant(_json_bytes(trainer, "trainer state (data_state, metrics)"))))
+    files.append((TRAINER_FILE, _constant(json_bytes(trainer, "trainer state (data_state, metrics)"))))
     if save_rng:
         rng = capture_rng_state(generators)
         files.append((RNG_TENSORS, lambda: tensors_to_bytes(rng.tensors)))
-        files.append((RNG_JSON, _constant(_json_bytes(rng.meta, "rng state"))))
+        files.append((RNG_JSON, _constant(json_bytes(rng.meta, "rng state"))))
     for rank, state in enumerate(ranks, start=1):
         tensors_name, json_name = _rank_files(rank)
         files.append((tensors_name, _constant(tensors_to_bytes(state.rng.tensors))))
-        files.append((json_name, _constant(_json_bytes({"rng": state.rng.meta, "data": state.data}, f"state of rank {rank}"))))
+        files.append((json_name, _constant(json_bytes({"rng": state.rng.meta, "data": state.data}, f"state of rank {rank}"))))
     files.extend(_extra_files(extra_files))
     return write_checkpoint_dir(final, files, {"step": step})
 
 
-def write_checkpoint_dir(
-    final: str | os.PathLike[str], files: Sequence[tuple[str, Callable[[], bytes]]], marker_fields: Mapping[str, Any]
-) -> Path:
-    """Write ``files`` (name, producer of bytes) and the ``COMPLETE`` marker, then rename into ``final``.
-
-    The files are produced and written one at a time into a temporary sibling that is fsynced and
-    renamed; on any error it is removed and ``final`` is untouched. Raises ``FileExistsError`` if
-    ``final`` exists and ``OSError`` (same errno) naming ``final`` and the file being written.
-    """
-    final = Path(final)
-    if final.exists():
-        raise FileExistsError(f"checkpoint directory already exists: {final}")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_io.temporary_sibling(final)
-    current = "(creating the temporary directory)"
-    try:
-        tmp.mkdir()
-        entries: dict[str, dict[str, Any]] = {}
-        for name, produce in files:
-            current = name
-            data = produce()
-            atomic_io.write_durable(tmp / name, data)
-            entries[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        current = MARKER
-        marker = {"format": FORMAT, **marker_fields, "files": entries}
-        atomic_io.write_durable(tmp / MARKER, _json_bytes(marker, "checkpoint marker"))
-        atomic_io.fsync_dir(tmp)
-        current = "(rename into place)"
-        os.rename(tmp, final)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        reason = e.strerror or str(e)
-        raise OSError(e.errno, f"{reason} while saving checkpoint {final} (at {current})", str(final)) from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    atomic_io.fsync_dir(final.parent)
-    return final
-
-
 def _constant(data: bytes) -> Callable[[], bytes]:
     return lambda: data
-
-
-def _json_bytes(obj: Any, what: str) -> bytes:
-    try:
-        return json.dumps(obj, indent=2, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"cannot store {what} as JSON: {e}") from e
 
 
 def _config_dict(config: Any) -> dict[str, Any]:
@@ -291,125 +241,6 @@ def _extra_files(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, Cal
     return out
 
 
-# --------------------------------------------------------------------------- finding and verifying
-
-
-def verify_checkpoint(path: str | os.PathLike[str], *, check_hashes: bool = True) -> dict[str, Any]:
-    """Check a checkpoint directory against its marker and return the marker.
-
-    Every listed file must exist with its recorded size (and sha256 when ``check_hashes``), JSON
-    files must parse and safetensors headers must read. Raises ``FileNotFoundError`` naming a missing
-    directory or marker and ``CorruptCheckpointError`` naming the first bad file.
-    """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"no such checkpoint directory: {path}")
-    if not (path / MARKER).is_file():
-        raise FileNotFoundError(f"{path} is not a complete checkpoint: it has no {MARKER} marker (interrupted save?)")
-    marker = _read_json(path / MARKER)
-    files = marker.get("files") if isinstance(marker, dict) else None
-    if not isinstance(marker, dict) or marker.get("format") != FORMAT or not isinstance(files, dict):
-        raise CorruptCheckpointError(path / MARKER, f"expected a format-{FORMAT} marker with a 'files' table")
-    if isinstance(marker.get("step"), bool) or not isinstance(marker.get("step"), int):
-        raise CorruptCheckpointError(path / MARKER, f"expected an int 'step', got {marker.get('step')!r}")
-    for required in (MODEL_FILE, CONFIG_FILE):
-        if required not in files:
-            raise CorruptCheckpointError(path / required, f"not listed in {MARKER}")
-    for pair in ((OPTIMIZER_TENSORS, OPTIMIZER_JSON), (RNG_TENSORS, RNG_JSON)):
-        for name, other in (pair, pair[::-1]):
-            if name in files and other not in files:
-                raise CorruptCheckpointError(path / other, f"not listed in {MARKER} although {name} is")
-    for name, entry in files.items():
-        _verify_file(path / name, entry, check_hashes)
-    return marker
-
-
-def _verify_file(file: Path, entry: Any, check_hash: bool) -> None:
-    if not isinstance(entry, dict):
-        raise CorruptCheckpointError(file, f"{MARKER} entry should be a dict with size and sha256, got {entry!r}")
-    if not file.is_file():
-        raise CorruptCheckpointError(file, f"listed in {MARKER} but missing")
-    size = file.stat().st_size
-    if size != entry.get("size"):
-        raise CorruptCheckpointError(file, f"size is {size} bytes, {MARKER} records {entry.get('size')}")
-    if check_hash:
-        digest = _sha256(file)
-        if digest != entry.get("sha256"):
-            raise CorruptCheckpointError(file, f"sha256 {digest} does not match {entry.get('sha256')} in {MARKER}")
-    if file.suffix == ".json":
-        _read_json(file)
-    elif file.suffix == ".safetensors":
-        read_safetensors(file)
-
-
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _read_json(file: Path) -> Any:
-    try:
-        return json.loads(file.read_bytes())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptCheckpointError(file, f"invalid JSON ({e})") from e
-
-
-def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Checkpoint directories of ``run_dir`` that hold a marker, oldest step first (not verified).
-
-    A missing ``run_dir`` holds no checkpoints: the result is empty.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    found = []
-    for child in run_dir.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and child.is_dir() and (child / MARKER).is_file():
-            found.append((int(match.group(1)), child))
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path:
-    """The newest checkpoint of ``run_dir`` that verifies; corrupt ones are skipped with a warning.
-
-    Raises ``FileNotFoundError`` naming ``run_dir`` when it does not exist or holds no complete
-    checkpoint (listing the corrupt ones skipped).
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"resume path does not exist: {run_dir}")
-    skipped: list[str] = []
-    for candidate in reversed(list_checkpoints(run_dir)):
-        try:
-            verify_checkpoint(candidate)
-            return candidate
-        except CorruptCheckpointError as e:
-            warnings.warn(f"skipping checkpoint {candidate.name}: {e}", CorruptCheckpointWarning, stacklevel=2)
-            skipped.append(str(e))
-    if skipped:
-        detail = f"; skipped corrupt ones: {'; '.join(skipped)}"
-    else:
-        detail = f" (a step-NNNNNN directory with a {MARKER} marker)"
-    raise FileNotFoundError(f"no complete checkpoint in {run_dir}{detail}")
-
-
-def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
-    """A checkpoint directory as given (verified), or the latest complete one of a run directory."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"resume path does not exist: {path}")
-    if not path.is_dir():
-        raise NotADirectoryError(f"resume path must be a checkpoint or run directory, got the file {path}")
-    if (path / MARKER).is_file() or _STEP_DIR.match(path.name):
-        verify_checkpoint(path)
-        return path
-    return latest_checkpoint(path)
-
-
 # --------------------------------------------------------------------------- loading
 
 
@@ -419,7 +250,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     marker = verify_checkpoint(path)
     names = set(marker["files"])
     model_state, _ = read_safetensors(path / MODEL_FILE)
-    config = _read_json(path / CONFIG_FILE)
+    config = read_json(path / CONFIG_FILE)
     optimizer_state = None
     if OPTIMIZER_JSON in names:
         opt_tensors, _ = read_safetensors(path / OPTIMIZER_TENSORS)
@@ -428,13 +259,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     rng = None
     if RNG_JSON in names:
         rng_tensors, _ = read_safetensors(path / RNG_TENSORS)
-        rng = RngState(rng_tensors, _read_json(path / RNG_JSON))
+        rng = RngState(rng_tensors, read_json(path / RNG_JSON))
     ranks: dict[int, RankState] = {}
     for name in names:
         if match := _RANK_JSON.fullmatch(name):
             rank = int(match.group(1))
             rank_tensors, _ = read_safetensors(path / _rank_files(rank)[0])
-            meta = _read_json(path / name)
+            meta = read_json(path / name)
             ranks[rank] = RankState(RngState(rank_tensors, meta["rng"]), meta["data"])
     rank_files = {f for r in ranks for f in _rank_files(r)}
     return Checkpoint(
@@ -458,7 +289,7 @@ def read_trainer_state(path: str | os.PathLike[str]) -> TrainerState | None:
 
 def _decode(file: Path, build: Callable[[Any], Any]) -> Any:
     try:
-        return build(_read_json(file))
+        return build(read_json(file))
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, CorruptCheckpointError):
             raise

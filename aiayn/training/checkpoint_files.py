@@ -1,0 +1,213 @@
+"""The checkpoint directory on disk: its file names, the atomic write with a ``COMPLETE`` marker
+(each file's size and sha256), verification, and finding the checkpoints of a run.
+
+What goes into the files (weights, optimizer, trainer and RNG state) is :mod:`aiayn.training.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiayn import atomic_io
+from aiayn.training.weights_io import CorruptCheckpointError, read_safetensors
+
+__all__ = [
+    "FORMAT", "MARKER", "MODEL_FILE", "CONFIG_FILE", "OPTIMIZER_TENSORS", "OPTIMIZER_JSON", "TRAINER_FILE",
+    "RNG_TENSORS", "RNG_JSON", "RESERVED", "STEP_DIR", "CorruptCheckpointWarning", "checkpoint_name",
+    "write_checkpoint_dir", "json_bytes", "verify_checkpoint", "read_json", "list_checkpoints",
+    "latest_checkpoint", "resolve_checkpoint",
+]
+
+FORMAT = 1
+MARKER = "COMPLETE"
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+OPTIMIZER_TENSORS, OPTIMIZER_JSON = "optimizer.safetensors", "optimizer.json"
+TRAINER_FILE = "trainer.json"
+RNG_TENSORS, RNG_JSON = "rng.safetensors", "rng.json"
+RESERVED = frozenset(
+    {MARKER, MODEL_FILE, CONFIG_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, TRAINER_FILE, RNG_TENSORS, RNG_JSON}
+)
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """A checkpoint was skipped because one of its files is corrupt."""
+
+
+def checkpoint_name(step: int) -> str:
+    """Directory name of the checkpoint at ``step`` (``step-000123``)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    return f"step-{step:06d}"
+
+
+def write_checkpoint_dir(
+    final: str | os.PathLike[str], files: Sequence[tuple[str, Callable[[], bytes]]], marker_fields: Mapping[str, Any]
+) -> Path:
+    """Write ``files`` (name, producer of bytes) and the ``COMPLETE`` marker, then rename into ``final``.
+
+    The files are produced and written one at a time into a temporary sibling that is fsynced and
+    renamed; on any error it is removed and ``final`` is untouched. Raises ``FileExistsError`` if
+    ``final`` exists and ``OSError`` (same errno) naming ``final`` and the file being written.
+    """
+    final = Path(final)
+    if final.exists():
+        raise FileExistsError(f"checkpoint directory already exists: {final}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_io.temporary_sibling(final)
+    current = "(creating the temporary directory)"
+    try:
+        tmp.mkdir()
+        entries: dict[str, dict[str, Any]] = {}
+        for name, produce in files:
+            current = name
+            data = produce()
+            atomic_io.write_durable(tmp / name, data)
+            entries[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        current = MARKER
+        marker = {"format": FORMAT, **marker_fields, "files": entries}
+        atomic_io.write_durable(tmp / MARKER, json_bytes(marker, "checkpoint marker"))
+        atomic_io.fsync_dir(tmp)
+        current = "(rename into place)"
+        os.rename(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = e.strerror or str(e)
+        raise OSError(e.errno, f"{reason} while saving checkpoint {final} (at {current})", str(final)) from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_io.fsync_dir(final.parent)
+    return final
+
+
+def json_bytes(obj: Any, what: str) -> bytes:
+    try:
+        return json.dumps(obj, indent=2, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"cannot store {what} as JSON: {e}") from e
+
+
+def verify_checkpoint(path: str | os.PathLike[str], *, check_hashes: bool = True) -> dict[str, Any]:
+    """Check a checkpoint directory against its marker and return the marker.
+
+    Every listed file must exist with its recorded size (and sha256 when ``check_hashes``), JSON
+    files must parse and safetensors headers must read. Raises ``FileNotFoundError`` naming a missing
+    directory or marker and ``CorruptCheckpointError`` naming the first bad file.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no such checkpoint directory: {path}")
+    if not (path / MARKER).is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint: it has no {MARKER} marker (interrupted save?)")
+    marker = read_json(path / MARKER)
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(marker, dict) or marker.get("format") != FORMAT or not isinstance(files, dict):
+        raise CorruptCheckpointError(path / MARKER, f"expected a format-{FORMAT} marker with a 'files' table")
+    if isinstance(marker.get("step"), bool) or not isinstance(marker.get("step"), int):
+        raise CorruptCheckpointError(path / MARKER, f"expected an int 'step', got {marker.get('step')!r}")
+    for required in (MODEL_FILE, CONFIG_FILE):
+        if required not in files:
+            raise CorruptCheckpointError(path / required, f"not listed in {MARKER}")
+    for pair in ((OPTIMIZER_TENSORS, OPTIMIZER_JSON), (RNG_TENSORS, RNG_JSON)):
+        for name, other in (pair, pair[::-1]):
+            if name in files and other not in files:
+                raise CorruptCheckpointError(path / other, f"not listed in {MARKER} although {name} is")
+    for name, entry in files.items():
+        _verify_file(path / name, entry, check_hashes)
+    return marker
+
+
+def _verify_file(file: Path, entry: Any, check_hash: bool) -> None:
+    if not isinstance(entry, dict):
+        raise CorruptCheckpointError(file, f"{MARKER} entry should be a dict with size and sha256, got {entry!r}")
+    if not file.is_file():
+        raise CorruptCheckpointError(file, f"listed in {MARKER} but missing")
+    size = file.stat().st_size
+    if size != entry.get("size"):
+        raise CorruptCheckpointError(file, f"size is {size} bytes, {MARKER} records {entry.get('size')}")
+    if check_hash:
+        digest = _sha256(file)
+        if digest != entry.get("sha256"):
+            raise CorruptCheckpointError(file, f"sha256 {digest} does not match {entry.get('sha256')} in {MARKER}")
+    if file.suffix == ".json":
+        read_json(file)
+    elif file.suffix == ".safetensors":
+        read_safetensors(file)
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptCheckpointError(file, f"invalid JSON ({e})") from e
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Checkpoint directories of ``run_dir`` that hold a marker, oldest step first (not verified).
+
+    A missing ``run_dir`` holds no checkpoints: the result is empty.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = []
+    for child in run_dir.iterdir():
+        match = STEP_DIR.match(child.name)
+        if match and child.is_dir() and (child / MARKER).is_file():
+            found.append((int(match.group(1)), child))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path:
+    """The newest checkpoint of ``run_dir`` that verifies; corrupt ones are skipped with a warning.
+
+    Raises ``FileNotFoundError`` naming ``run_dir`` when it does not exist or holds no complete
+    checkpoint (listing the corrupt ones skipped).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"resume path does not exist: {run_dir}")
+    skipped: list[str] = []
+    for candidate in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(candidate)
+            return candidate
+        except CorruptCheckpointError as e:
+            warnings.warn(f"skipping checkpoint {candidate.name}: {e}", CorruptCheckpointWarning, stacklevel=2)
+            skipped.append(str(e))
+    if skipped:
+        detail = f"; skipped corrupt ones: {'; '.join(skipped)}"
+    else:
+        detail = f" (a step-NNNNNN directory with a {MARKER} marker)"
+    raise FileNotFoundError(f"no complete checkpoint in {run_dir}{detail}")
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint directory as given (verified), or the latest complete one of a run directory."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"resume path does not exist: {path}")
+    if not path.is_dir():
+        raise NotADirectoryError(f"resume path must be a checkpoint or run directory, got the file {path}")
+    if (path / MARKER).is_file() or STEP_DIR.match(path.name):
+        verify_checkpoint(path)
+        return path
+    return latest_checkpoint(path)
