@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from aiayn.config_io import save_yaml
 from aiayn.evaluation.during_training import bleu_eval_hook
-from aiayn.models.config import TransformerConfig
+from aiayn.models.config import TransformerConfig, config_from_dict
 from aiayn.models.presets import model_class
 from aiayn.pretrained import model_dir
 from aiayn.tokenization.compat import check_tokenizer_fits
@@ -303,8 +303,15 @@ def _set_aside_newer(run_dir: Path, step: int) -> None:
 
 
 def _check_same_model(checkpoint: Checkpoint, model_config: TransformerConfig) -> None:
-    """Refuse to resume into a model whose config changed, listing what changed."""
+    """Refuse to resume into a model whose config changed, listing what changed.
+
+    A field the checkpoint does not record (saved before the field existed) counts as its default.
+    """
     saved, now = checkpoint.config, model_config.to_dict()
+    try:
+        saved = config_from_dict(saved).to_dict()
+    except (TypeError, ValueError):  # not a model config this version can read: compare as stored
+        pass
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if changed:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r}, config {now.get(k)!r}" for k in changed)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.training.checkpoint import list_checkpoints
-from aiayn.training.loop import train
+from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
+from aiayn.training.loop import _check_same_model, train
 from aiayn.training.metrics_log import read_metrics
 from aiayn.training.objectives import Objective
 from aiayn.training.weights_io import read_safetensors
@@ -172,6 +172,17 @@ def test_resume_with_changed_model_lists_the_changes(tmp_path):
     changed = dataclasses.replace(config, model=dataclasses.replace(config.model, d_ff=48), train=dataclasses.replace(config.train, max_steps=4))
     with pytest.raises(ValueError, match=r"the model config changed \(d_ff: checkpoint 64, config 48\)"):
         train(changed)
+
+
+def test_a_field_added_since_the_checkpoint_counts_as_its_default(tmp_path):
+    """Checkpoints saved before a model field existed still resume (the field takes its default)."""
+    result = train(lm_config(tmp_path, steps=2))
+    checkpoint = load_checkpoint(result.last_checkpoint)
+    older = dataclasses.replace(checkpoint, config={k: v for k, v in checkpoint.config.items() if k != "rope_base"})
+    _check_same_model(older, result.model.config)  # no error
+    changed = dataclasses.replace(checkpoint, config={**checkpoint.config, "d_ff": 48})
+    with pytest.raises(ValueError, match=r"d_ff: checkpoint 48, config 64"):
+        _check_same_model(changed, result.model.config)
 
 
 def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
