@@ -124,3 +124,18 @@ def test_average_last_copies_extra_files_and_checks_tokenizers(tmp_path: Path) -
     save_checkpoint(tmp_path / "run", step=3, model=models[2], config={"d": 8}, save_rng=False, extra_files=[files / "tokenizer.json"])
     with pytest.raises(ValueError, match=r"different tokenizers: .*step-000002/tokenizer.json vs .*step-000003/tokenizer.json"):
         average_last(tmp_path / "run", 2, tmp_path / "avg2")
+
+
+def test_a_model_field_missing_from_an_older_checkpoint_counts_as_its_default(tmp_path: Path) -> None:
+    """Checkpoints saved before a model field existed average with newer ones (the field takes its default)."""
+    from aiayn.models.config import EncoderDecoderConfig
+
+    full = EncoderDecoderConfig(vocab_size=11, n_encoder_layers=1, n_decoder_layers=1, d_model=8, n_heads=2, d_ff=16).to_dict()
+    older = {k: v for k, v in full.items() if k != "output_bias"}
+    models = _models(2)
+    save_checkpoint(tmp_path / "run", step=1, model=models[0], config=older, save_rng=False)
+    save_checkpoint(tmp_path / "run", step=2, model=models[1], config=full, save_rng=False)
+    average_last(tmp_path / "run", 2, tmp_path / "avg")  # no error
+    save_checkpoint(tmp_path / "run", step=3, model=models[1], config={**full, "d_ff": 32}, save_rng=False)
+    with pytest.raises(ValueError, match="different configs"):
+        average_last(tmp_path / "run", 2, tmp_path / "avg2")
