@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.interop.bart_family import NORM_EPS, bart_layer_table, config_fields_from_hf, config_fields_to_hf, need, output_bias_rule
+from aiayn.interop.bart_family import NORM_EPS, config_fields_from_hf, config_fields_to_hf, need, output_bias_rule, stack_rules
 from aiayn.interop.common import Architecture, require_ours, warn_training_only
 from aiayn.interop.keymap import Rule, Transform
 from aiayn.models.config import EncoderDecoderConfig, TransformerConfig
@@ -50,9 +50,7 @@ def bart_rules(config: TransformerConfig) -> list[Rule]:
         rules.append(Rule(f"model.{stack}.embed_positions.weight", (f"{side}_positions.weight",), _positions()))
         for part in ("weight", "bias"):
             rules.append(Rule(f"model.{stack}.layernorm_embedding.{part}", (f"{side}_embed_norm.{part}",)))
-        for i in range(n_layers):
-            for theirs, ours, transform in bart_layer_table(cross=stack == "decoder"):
-                rules.append(Rule(f"model.{stack}.layers.{i}.{theirs}", (f"{stack}.layers.{i}.{ours}",), transform))
+        rules += stack_rules(stack, n_layers)
     rules.append(output_bias_rule(config))
     return rules
 

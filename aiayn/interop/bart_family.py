@@ -11,11 +11,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.interop.common import ConfigError, hf_activation, our_activation, warn_training_only
+from aiayn.interop.common import ConfigError, hf_activation, layer_rules, our_activation, warn_training_only
 from aiayn.interop.keymap import COPY, Rule, Transform, derived
 from aiayn.models.config import EncoderDecoderConfig
 
-__all__ = ["bart_layer_table", "output_bias_rule", "has_output_bias", "config_fields_from_hf", "config_fields_to_hf", "need"]
+__all__ = ["bart_layer_table", "stack_rules", "output_bias_rule", "has_output_bias", "config_fields_from_hf", "config_fields_to_hf", "need"]
 
 NORM_EPS = 1e-5  # their LayerNorms use torch's default eps
 
@@ -51,6 +51,12 @@ def bart_layer_table(
         ("final_layer_norm.bias", "ffn_norm.bias", writes),
     ]
     return tuple(table)
+
+
+def stack_rules(stack: str, n_layers: int, *, reads: Transform = COPY, writes: Transform = COPY) -> list[Rule]:
+    """The layer rules of ``stack`` (``"encoder"`` or ``"decoder"``, which adds cross-attention)."""
+    table = bart_layer_table(cross=stack == "decoder", reads=reads, writes=writes)
+    return layer_rules(table, n_layers, f"model.{stack}.layers.{{i}}.", f"{stack}.layers.{{i}}.")
 
 
 def has_output_bias(weights: Mapping[str, Tensor]) -> bool:

@@ -26,11 +26,11 @@ from torch import Tensor
 
 from aiayn.interop.bart_family import (
     NORM_EPS,
-    bart_layer_table,
     config_fields_from_hf,
     config_fields_to_hf,
     need,
     output_bias_rule,
+    stack_rules,
 )
 from aiayn.interop.common import Architecture, require_ours
 from aiayn.interop.keymap import Rule, Transform, derived, permute_axis
@@ -38,7 +38,7 @@ from aiayn.models.config import EncoderDecoderConfig, TransformerConfig
 from aiayn.nn.positional import sinusoid_table
 from aiayn.tokenization.special import BOS_ID, EOS_ID
 
-__all__ = ["MARIAN_MT", "marian_permutation", "marian_layer_table"]
+__all__ = ["MARIAN_MT", "marian_permutation"]
 
 NAME = "MarianMTModel"
 
@@ -50,11 +50,6 @@ def marian_permutation(d_model: int) -> Tensor:
     perm[0::2] = torch.arange(n_sin)
     perm[1::2] = n_sin + torch.arange(d_model - n_sin)
     return perm
-
-
-def marian_layer_table(perm: Tensor, *, cross: bool) -> tuple[tuple[str, str, Transform], ...]:
-    """One layer, with Marian's residual basis reordered by ``perm`` (see the module docstring)."""
-    return bart_layer_table(cross=cross, reads=permute_axis(1, perm), writes=permute_axis(0, perm))
 
 
 def marian_rules(config: TransformerConfig) -> list[Rule]:
@@ -71,9 +66,7 @@ def marian_rules(config: TransformerConfig) -> list[Rule]:
     if not config.tie_output:
         rules.append(Rule("lm_head.weight", ("output.weight",), reads))
     for stack, n_layers in (("encoder", config.n_encoder_layers), ("decoder", config.n_decoder_layers)):
-        for i in range(n_layers):
-            for theirs, ours, transform in marian_layer_table(perm, cross=stack == "decoder"):
-                rules.append(Rule(f"model.{stack}.layers.{i}.{theirs}", (f"{stack}.layers.{i}.{ours}",), transform))
+        rules += stack_rules(stack, n_layers, reads=reads, writes=permute_axis(0, perm))
         # transformers does not save these (they are a function of the shape); old checkpoints hold them.
         rules.append(Rule(f"model.{stack}.embed_positions.weight", (), _sinusoids(perm), optional=True, export=False))
     rules.append(output_bias_rule(config))
