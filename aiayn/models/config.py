@@ -27,6 +27,7 @@ __all__ = [
     "EncoderOnlyConfig",
     "ModelConfig",
     "config_from_dict",
+    "with_defaults",
     "config_from_json",
 ]
 
@@ -205,6 +206,15 @@ def config_from_dict(data: dict[str, Any]) -> TransformerConfig:
     cls = FAMILIES[family]
     _check_keys(cls, data)
     return cls(**data)
+
+
+def with_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A stored config with the fields it does not record (saved before they existed) at their
+    defaults, so that two configs compare by meaning; one this version cannot read stays as stored."""
+    try:
+        return config_from_dict(data).to_dict()
+    except (TypeError, ValueError):
+        return data
 
 
 def config_from_json(text: str) -> TransformerConfig:

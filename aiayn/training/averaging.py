@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from aiayn.models.config import config_from_dict
+from aiayn.models.config import with_defaults
 from aiayn.tokenization.bpe import BPE_FILE
 from aiayn.tokenization.char import CHAR_FILE
 from aiayn.training.checkpoint import (
@@ -136,7 +136,7 @@ def average_last(run_dir: str | os.PathLike[str], n: int, out_dir: str | os.Path
         names = [p.name for p in chosen]
         raise ValueError(f"average_last needs {n} complete checkpoints in {run_dir}, found {len(chosen)}: {names}")
     chosen.reverse()
-    configs = [_normalised(json.loads((p / CONFIG_FILE).read_bytes())) for p in chosen]
+    configs = [with_defaults(json.loads((p / CONFIG_FILE).read_bytes())) for p in chosen]
     for path, config in zip(chosen, configs):
         if config != configs[-1]:
             raise ValueError(
@@ -163,11 +163,3 @@ def _extra_files(chosen: list[Path], markers: list[dict]) -> list[str]:
                     f"cannot average checkpoints with different tokenizers: {path / name} vs {chosen[-1] / name}"
                 )
     return sorted(name for name in newest if name not in RESERVED)
-
-
-def _normalised(config: dict) -> dict:
-    """A model config with the fields it does not record (saved before they existed) at their defaults."""
-    try:
-        return config_from_dict(config).to_dict()
-    except (TypeError, ValueError):  # not a model config this version reads: compare as stored
-        return config

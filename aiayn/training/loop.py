@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from aiayn.config_io import save_yaml
 from aiayn.evaluation.during_training import bleu_eval_hook
-from aiayn.models.config import TransformerConfig, config_from_dict
+from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
 from aiayn.pretrained import model_dir
 from aiayn.tokenization.compat import check_tokenizer_fits
@@ -256,8 +256,9 @@ def _loop(s: _Session, step: int, best: BestValue | None, eval_hook: EvalHook | 
             log.info("step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if step % loop.save_every == 0 or step == end:
             # Every rank's generators and loader position: a resumed rank continues its own.
-            ranks = [RankState(capture_rng_state(), data.train.state_dict())] if dist_info.enabled else []
-            ranks = all_gather_objects(ranks[0], dist_info)[1:] if ranks else []
+            ranks = []
+            if dist_info.enabled:
+                ranks = all_gather_objects(RankState(capture_rng_state(), data.train.state_dict()), dist_info)[1:]
             if dist_info.is_main:
                 saved_metrics = metrics if metrics_step == step else {}
                 best = update_best(best, saved_metrics, step=step, retention=loop.retention)
@@ -307,11 +308,7 @@ def _check_same_model(checkpoint: Checkpoint, model_config: TransformerConfig) -
 
     A field the checkpoint does not record (saved before the field existed) counts as its default.
     """
-    saved, now = checkpoint.config, model_config.to_dict()
-    try:
-        saved = config_from_dict(saved).to_dict()
-    except (TypeError, ValueError):  # not a model config this version can read: compare as stored
-        pass
+    saved, now = with_defaults(checkpoint.config), model_config.to_dict()
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if changed:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r}, config {now.get(k)!r}" for k in changed)
