@@ -13,7 +13,8 @@ from aiayn.config_io import load_yaml
 from aiayn.data import load_multi30k, load_sst2, load_tinyshakespeare
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation, translate_corpus
-from aiayn.pretrained import load_pretrained
+from aiayn.pretrained import Pretrained, load_pretrained
+from aiayn.tokenization.base import Tokenizer
 from aiayn.training.config import TrainConfig
 
 HELP = "evaluate a checkpoint on a split: sacreBLEU + chrF (translation), perplexity (LM), accuracy (classification)"
@@ -21,7 +22,10 @@ SPLITS = {"multi30k": ("val", "test2016"), "tinyshakespeare": ("val",), "sst2": 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a model directory, checkpoint or run directory")
+    parser.add_argument(
+        "--checkpoint", required=True, action="append", metavar="DIR",
+        help="a model directory, checkpoint or run directory; repeat it to evaluate an ensemble (averaged probabilities)",
+    )
     parser.add_argument("--split", required=True, help="multi30k: val | test2016; tinyshakespeare: val; sst2: dev")
     parser.add_argument("--dataset", choices=sorted(SPLITS), help="default: the one the checkpoint was trained on")
     parser.add_argument("--direction", choices=("de-en", "en-de"), help="multi30k direction (default: as trained)")
@@ -35,11 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = load_pretrained(args.checkpoint, device=args.device)
+    members = [load_pretrained(path, device=args.device) for path in args.checkpoint]
+    loaded = members[0]
+    _check_ensemble(members)
+    models = [m.model for m in members]
     trained = _train_config(Path(loaded.path))
     dataset = args.dataset or (trained.data.dataset if trained else None)
     if dataset not in SPLITS:
-        raise ValueError(f"--dataset is needed: {args.checkpoint} does not say which data set it was trained on (got {dataset!r})")
+        raise ValueError(f"--dataset is needed: {args.checkpoint[0]} does not say which data set it was trained on (got {dataset!r})")
     if args.split not in SPLITS[dataset]:
         raise ValueError(f"--split {args.split!r} is not a held-out split of {dataset}; choose one of {SPLITS[dataset]}")
     if args.limit is not None and args.limit < 1:
@@ -48,13 +55,14 @@ def run(args: argparse.Namespace) -> int:
     if tok is None or loaded.tgt_tokenizer is None:
         raise ValueError(f"{loaded.path} holds no tokenizer, so text cannot be encoded")
     started = time.perf_counter()
-    result: dict[str, Any] = {"checkpoint": str(loaded.path), "dataset": dataset, "split": args.split}
+    result: dict[str, Any] = {"checkpoint": str(loaded.path)} if len(members) == 1 else {"checkpoints": [str(m.path) for m in members]}
+    result |= {"dataset": dataset, "split": args.split}
     if dataset == "multi30k":
         direction = args.direction or (trained.data.direction if trained else "de-en")
         pairs = load_multi30k(args.split, direction=direction, data_dir=args.data_dir)
         sources, references = pairs.src[: args.limit], pairs.tgt[: args.limit]
         beam = BeamConfig(beam_size=args.beam_size, length_penalty=args.length_penalty)
-        hypotheses = translate_corpus(loaded.model, tok, loaded.tgt_tokenizer, sources, beam=beam)  # type: ignore[arg-type]
+        hypotheses = translate_corpus(models, tok, loaded.tgt_tokenizer, sources, beam=beam)  # type: ignore[arg-type]
         result |= {"direction": direction, "beam_size": args.beam_size, "length_penalty": args.length_penalty}
         result |= evaluate_translation(hypotheses, references)
         if args.hypotheses:
@@ -62,13 +70,13 @@ def run(args: argparse.Namespace) -> int:
     elif dataset == "tinyshakespeare":
         text = load_tinyshakespeare(args.split, data_dir=args.data_dir)
         block = trained.data.block_size if trained else loaded.config.max_len
-        result |= {"block_size": block} | evaluate_lm(loaded.model, tok, text[: args.limit] if args.limit else text, block_size=block)  # type: ignore[arg-type]
+        result |= {"block_size": block} | evaluate_lm(models, tok, text[: args.limit] if args.limit else text, block_size=block)  # type: ignore[arg-type]
     else:
         data = load_sst2(args.split, data_dir=args.data_dir)
         if args.limit:
             data = type(data)(data.texts[: args.limit], data.labels[: args.limit], data.label_names)
         max_len = trained.data.max_len if trained else loaded.config.max_len
-        result |= evaluate_classifier(loaded.model, tok, data, max_len=max_len)  # type: ignore[arg-type]
+        result |= evaluate_classifier(models, tok, data, max_len=max_len)  # type: ignore[arg-type]
     result["seconds"] = round(time.perf_counter() - started, 1)
     if args.limit:
         result["limit"] = args.limit
@@ -77,6 +85,27 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_bytes(out, (json.dumps(result, indent=2) + "\n").encode())
     print(f"wrote {out}")
     return 0
+
+
+def _check_ensemble(members: list[Pretrained]) -> None:
+    """Ensemble members must read and write the same tokens as the first: same family, same vocabularies."""
+    first = members[0]
+    for other in members[1:]:
+        if type(other.model) is not type(first.model):
+            raise ValueError(
+                f"--checkpoint {other.path} is a {type(other.model).__name__} but {first.path} is a "
+                f"{type(first.model).__name__}: ensemble members must be one model family"
+            )
+        for side in ("src_tokenizer", "tgt_tokenizer"):
+            if _vocabulary(getattr(other, side)) != _vocabulary(getattr(first, side)):
+                raise ValueError(
+                    f"--checkpoint {other.path} has a different {side.replace('_', ' ')} from {first.path}: "
+                    "ensemble members must share their tokenizers (train them from one tokenizer, e.g. with init_from)"
+                )
+
+
+def _vocabulary(tokenizer: Tokenizer | None) -> list[str | None] | None:
+    return None if tokenizer is None else [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
 
 
 def _train_config(path: Path) -> TrainConfig | None:

@@ -4,7 +4,8 @@
 * greedy and sampling: :func:`generate` / :func:`generate_steps` with a :class:`GenerationConfig`
   (:func:`greedy` is the shortcut); beam search: :func:`beam_search` with a :class:`BeamConfig`;
 * streaming: :func:`generate_steps` (iterator), ``generate(on_step=...)`` (callback), :func:`stream_text`;
-* encoder-only: :func:`fill_mask`, :func:`classify`.
+* encoder-only: :func:`fill_mask`, :func:`classify`;
+* ensembles: :class:`EnsembleDecoder` averages several decoders' probabilities, for any strategy.
 """
 
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder, as_decoder
@@ -17,6 +18,7 @@ from aiayn.decoding.encoder_only import (
     encode_sentences,
     fill_mask,
 )
+from aiayn.decoding.ensemble import EnsembleDecoder
 from aiayn.decoding.generation import Generation, GenerationStep, generate, generate_steps
 from aiayn.decoding.greedy import greedy, greedy_decode
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState, left_pad, right_pad
@@ -28,5 +30,5 @@ __all__ = [
     "SOURCE_EXTRA_TOKENS", "GenerationConfig", "Generation", "GenerationStep", "generate", "generate_steps",
     "greedy", "greedy_decode", "logits_to_probs", "sample", "next_token", "BeamConfig", "Hypothesis",
     "beam_search", "length_penalty", "TextStreamer", "stream_text", "fill_mask", "classify",
-    "MaskPrediction", "Classification", "encode_sentences", "encode_masked_text",
+    "MaskPrediction", "Classification", "encode_sentences", "encode_masked_text", "EnsembleDecoder",
 ]

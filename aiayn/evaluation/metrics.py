@@ -1,9 +1,13 @@
-"""The task metrics, each computed by the tool made for it: sacreBLEU for BLEU and chrF."""
+"""The task metrics, each computed by the tool made for it: sacreBLEU for BLEU and chrF.
+
+Each function takes one model or a list of models; a list is an ensemble whose members' predicted
+probabilities are averaged (the members must share the tokenizer).
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 import numpy as np
 import sacrebleu
@@ -12,6 +16,7 @@ import torch
 from aiayn.data import ClassificationDataset, LabeledText, SequentialBlockSampler, TokenStream, collate_classification, collate_lm
 from aiayn.decoding.adapters import Seq2SeqDecoder
 from aiayn.decoding.beam import BeamConfig, beam_search
+from aiayn.decoding.ensemble import EnsembleDecoder, mean_log_probs
 from aiayn.decoding.protocol import right_pad
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -20,10 +25,20 @@ from aiayn.tokenization.base import Tokenizer
 
 __all__ = ["translate_corpus", "evaluate_translation", "evaluate_lm", "evaluate_classifier"]
 
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+def _members(model: M | Sequence[M]) -> list[M]:
+    """One model or an ensemble -> the list of models, in eval mode."""
+    models = [model] if isinstance(model, torch.nn.Module) else list(model)
+    if not models:
+        raise ValueError("no model to evaluate: the ensemble is empty")
+    return [m.eval() for m in models]
+
 
 @torch.no_grad()
 def translate_corpus(
-    model: EncoderDecoder,
+    model: EncoderDecoder | Sequence[EncoderDecoder],
     src_tokenizer: Tokenizer,
     tgt_tokenizer: Tokenizer,
     sources: Sequence[str],
@@ -33,12 +48,12 @@ def translate_corpus(
 ) -> list[str]:
     """Beam-search translations of ``sources``, detokenized, in input order (batched by length for speed)."""
     beam = beam or BeamConfig()
-    model.eval()
-    decoder = Seq2SeqDecoder(model)
+    models = _members(model)
+    decoder = Seq2SeqDecoder(models[0]) if len(models) == 1 else EnsembleDecoder([Seq2SeqDecoder(m) for m in models])
     encoded = [src_tokenizer.encode(text, add_eos=True) for text in sources]  # EOS on the source, as in training
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     out: list[str] = [""] * len(encoded)
-    device = next(model.parameters()).device
+    device = next(models[0].parameters()).device
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         ids, mask = right_pad([encoded[i] for i in chunk], device=device)
@@ -64,30 +79,30 @@ def evaluate_translation(hypotheses: Sequence[str], references: Sequence[str]) -
 
 
 @torch.no_grad()
-def evaluate_lm(model: DecoderOnly, tokenizer: Tokenizer, text: str, *, block_size: int, batch_size: int = 32) -> dict[str, Any]:
+def evaluate_lm(model: DecoderOnly | Sequence[DecoderOnly], tokenizer: Tokenizer, text: str, *, block_size: int, batch_size: int = 32) -> dict[str, Any]:
     """Mean next-token loss (nats) and perplexity over non-overlapping ``block_size`` windows of ``text``."""
-    model.eval()
+    models = _members(model)
     stream = TokenStream.encode(text, tokenizer, block_size)
-    device = next(model.parameters()).device
+    device = next(models[0].parameters()).device
     total, count = 0.0, 0
     for batch_ids in SequentialBlockSampler(stream, batch_size).batches(0):
         batch = collate_lm([stream[i] for i in batch_ids]).to(device)
-        logits = model(batch.input)
-        total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch.target.flatten(), reduction="sum"))
+        log_probs = mean_log_probs([m(batch.input) for m in models])
+        total += float(torch.nn.functional.nll_loss(log_probs.flatten(0, 1), batch.target.flatten(), reduction="sum"))
         count += batch.target.numel()
     loss = total / count
     return {"loss": round(loss, 4), "perplexity": round(math.exp(loss), 3), "tokens": count}
 
 
 @torch.no_grad()
-def evaluate_classifier(model: EncoderOnly, tokenizer: Tokenizer, data: LabeledText, *, max_len: int, batch_size: int = 64) -> dict[str, Any]:
+def evaluate_classifier(model: EncoderOnly | Sequence[EncoderOnly], tokenizer: Tokenizer, data: LabeledText, *, max_len: int, batch_size: int = 64) -> dict[str, Any]:
     """Accuracy of ``model`` on labelled text (sequences longer than ``max_len`` are truncated, not dropped)."""
-    model.eval()
+    models = _members(model)
     dataset = ClassificationDataset.encode(data, tokenizer, max_len=max_len, too_long="truncate")
-    device = next(model.parameters()).device
+    device = next(models[0].parameters()).device
     correct = 0
     for start in range(0, len(dataset), batch_size):
         batch = collate_classification([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))], np.random.default_rng(0)).to(device)
-        logits = model.classification_logits(model(batch.input, batch.pad_mask), batch.pad_mask)
-        correct += int((logits.argmax(-1) == batch.labels).sum())
+        log_probs = mean_log_probs([m.classification_logits(m(batch.input, batch.pad_mask), batch.pad_mask) for m in models])
+        correct += int((log_probs.argmax(-1) == batch.labels).sum())
     return {"accuracy": round(correct / len(dataset), 4), "examples": len(dataset)}

@@ -66,9 +66,9 @@ def check_token_ids(ids: Tensor, vocab_size: int, name: str) -> None:
         raise TypeError(f"{name} must be an integer tensor of token ids, got {got}")
     if ids.dim() != 2:
         raise ValueError(f"{name} must have shape (B, T), got shape {tuple(ids.shape)}")
-    if ids.numel() == 0:
-        return
-    low, high = int(ids.min()), int(ids.max())
+    if ids.numel() == 0 or torch.compiler.is_compiling():
+        return  # a compiled graph cannot read values back (eager calls of the same model still check)
+    low, high = torch.stack(torch.aminmax(ids)).tolist()  # one read-back for both bounds
     if high >= vocab_size:
         raise ValueError(f"{name} holds token id {high}, outside the vocabulary of vocab_size={vocab_size}")
     if low < 0:
@@ -85,6 +85,6 @@ def resolve_padding(ids: Tensor, mask: Tensor | None, *, vocab_size: int, pad_id
         check_padding_mask(mask, f"{name}_mask", shape=tuple(ids.shape))
     elif pad_id is not None:
         mask = ids != pad_id
-    if mask is not None and bool(mask.all()):
-        return None
+    if mask is not None and not torch.compiler.is_compiling() and bool(mask.all()):
+        return None  # eagerly only: a compiled graph keeps the mask rather than branch on its values
     return mask

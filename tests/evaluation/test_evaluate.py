@@ -59,3 +59,48 @@ def test_demo_without_data_says_how_to_get_it_and_falls_back(monkeypatch, tmp_pa
     assert code == 7
     assert "Multi30k is not available here" in said[0] and "AIAYN_DATA_DIR" in said[0]
     assert "copy task" in said[1]
+
+
+def _two_language_models(tmp_path):
+    """Two tiny LMs on the same text and tokenizer, from different seeds."""
+    a = train(lm_config(tmp_path / "a", steps=4, seed=0))
+    b = train(lm_config(tmp_path / "b", steps=4, seed=1))
+    return a, b
+
+
+def test_an_ensemble_scores_at_least_as_well_as_its_members_on_average(tmp_path):
+    """-log(mean p) <= mean(-log p) (Jensen): the ensemble's loss is at most its members' mean loss,
+    and an ensemble of one model twice is that model."""
+    from aiayn.evaluation import evaluate_lm
+    from aiayn.pretrained import load_pretrained
+
+    a, b = (load_pretrained(r.run_dir) for r in _two_language_models(tmp_path))
+    text = (tmp_path / "a" / "data" / "text.txt").read_text()[:3000]
+    loss = {name: evaluate_lm(models, a.src_tokenizer, text, block_size=16)["loss"]
+            for name, models in (("a", a.model), ("b", b.model), ("ab", [a.model, b.model]), ("aa", [a.model, a.model]))}
+    assert loss["a"] != loss["b"]
+    assert loss["ab"] <= (loss["a"] + loss["b"]) / 2 + 1e-4
+    assert loss["aa"] == pytest.approx(loss["a"], abs=1e-4)
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "tinyshakespeare").is_dir(), reason="needs ../shared/data/tinyshakespeare")
+def test_evaluate_an_ensemble_from_the_command_line(tmp_path, capsys):
+    a, b = _two_language_models(tmp_path)
+    out = tmp_path / "eval.json"
+    code = main(["evaluate", "--checkpoint", str(a.run_dir), "--checkpoint", str(b.run_dir), "--split", "val",
+                 "--dataset", "tinyshakespeare", "--data-dir", str(SHARED_DATA), "--limit", "2000", "--out", str(out)])
+    assert code == 0
+    metrics = json.loads(out.read_text())
+    assert [Path(p).parent for p in metrics["checkpoints"]] == [a.run_dir, b.run_dir] and "checkpoint" not in metrics
+
+
+def test_ensemble_members_with_different_tokenizers_are_refused(tmp_path, capsys):
+    a = train(lm_config(tmp_path / "a", steps=1))
+    config = lm_config(tmp_path / "b", steps=1)
+    Path(config.data.train_files[0]).write_text("xyz qrs " * 400)  # other characters: another vocabulary
+    b = train(config)
+    code = main(["evaluate", "--checkpoint", str(a.run_dir), "--checkpoint", str(b.run_dir), "--split", "val",
+                 "--dataset", "tinyshakespeare"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--checkpoint {b.run_dir}" in err and "different src tokenizer" in err

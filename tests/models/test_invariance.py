@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from aiayn import build_model
-from aiayn.models import DecoderOnly, EncoderDecoderConfig, EncoderDecoder
 
 POSITIONS = ["sinusoidal", "learned", "rotary", "alibi"]
 

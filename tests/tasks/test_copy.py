@@ -2,7 +2,7 @@
 
 import torch
 
-from aiayn.tasks.copy import copy_batch, exact_match, train_copy_task
+from aiayn.tasks.copy import copy_batch, train_copy_task
 
 
 def test_copy_batch_layout():

@@ -1,0 +1,87 @@
+"""An ensemble of models behind the :class:`~aiayn.decoding.protocol.Decoder` protocol.
+
+Each member decodes the same tokens with its own state; the ensemble's next-token distribution is
+the mean of the members' probabilities (fairseq's ensembles average the same way). The strategies
+(greedy, sampling, beam search) see one decoder and need no change. Members must share the
+target vocabulary (the same tokenizer); checkpoint averaging (one model from several checkpoints
+of one run) is the cheaper alternative when the members come from the same run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from aiayn.decoding.protocol import Decoder, DecodeState
+
+__all__ = ["EnsembleDecoder", "EnsembleState", "mean_log_probs"]
+
+
+def mean_log_probs(logits: Sequence[Tensor]) -> Tensor:
+    """``log(mean_m softmax(logits_m))`` over the last axis: the members' averaged distribution, as log-probs."""
+    if len(logits) == 0:
+        raise ValueError("mean_log_probs needs at least one tensor of logits")
+    stacked = torch.stack([x.float().log_softmax(dim=-1) for x in logits])
+    return torch.logsumexp(stacked, dim=0) - math.log(len(logits))
+
+
+class EnsembleState:
+    """The members' states; the fields strategies read (tokens, mask, ...) are the first member's,
+    which every member shares because each is fed the same tokens."""
+
+    def __init__(self, members: list[DecodeState]) -> None:
+        self.members = members
+
+    @property
+    def tokens(self) -> Tensor:
+        return self.members[0].tokens
+
+    @property
+    def mask(self) -> Tensor:
+        return self.members[0].mask
+
+    @property
+    def pads(self) -> Tensor:
+        return self.members[0].pads
+
+    @property
+    def max_new_tokens(self) -> Tensor:
+        """Per row, the fewest tokens any member allows (learned positions may limit one member)."""
+        return torch.stack([s.max_new_tokens for s in self.members]).amin(dim=0)
+
+    @property
+    def batch_size(self) -> int:
+        return self.members[0].batch_size
+
+
+class EnsembleDecoder:
+    """Decode with several :class:`Decoder` members at once, averaging their next-token probabilities.
+
+    Raises ``ValueError`` for no members or members with different vocabulary sizes.
+    """
+
+    def __init__(self, members: Sequence[Decoder]) -> None:
+        if len(members) == 0:
+            raise ValueError("an ensemble needs at least one member decoder, got none")
+        sizes = [m.vocab_size for m in members]
+        if len(set(sizes)) != 1:
+            raise ValueError(f"ensemble members must share one vocabulary, got vocab sizes {sizes}")
+        self.members = list(members)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.members[0].vocab_size
+
+    def start(self, ids: Tensor, mask: Tensor | None = None, *, max_new_tokens: int | None = None) -> tuple[EnsembleState, Tensor]:
+        started = [m.start(ids, mask, max_new_tokens=max_new_tokens) for m in self.members]
+        return EnsembleState([s for s, _ in started]), mean_log_probs([logits for _, logits in started])
+
+    def step(self, tokens: Tensor, state: EnsembleState) -> Tensor:  # type: ignore[override]
+        return mean_log_probs([m.step(tokens, s) for m, s in zip(self.members, state.members)])
+
+    def reorder(self, state: EnsembleState, index: Tensor) -> None:  # type: ignore[override]
+        for member, s in zip(self.members, state.members):
+            member.reorder(s, index)
