@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.atomic_io import atomic_write_bytes
+from aiayn.cli.inference import add_checkpoint_arguments, check_same_tokenizers
 from aiayn.config_io import load_yaml
 from aiayn.data import load_multi30k, load_sst2, load_tinyshakespeare
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation import evaluate_classifier, evaluate_lm, evaluate_translation, translate_corpus
-from aiayn.pretrained import Pretrained, load_pretrained
-from aiayn.tokenization.base import Tokenizer
+from aiayn.pretrained import load_pretrained
 from aiayn.training.config import TrainConfig
 
 HELP = "evaluate a checkpoint on a split: sacreBLEU + chrF (translation), perplexity (LM), accuracy (classification)"
@@ -22,10 +22,7 @@ SPLITS = {"multi30k": ("val", "test2016"), "tinyshakespeare": ("val",), "sst2": 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--checkpoint", required=True, action="append", metavar="DIR",
-        help="a model directory, checkpoint or run directory; repeat it to evaluate an ensemble (averaged probabilities)",
-    )
+    add_checkpoint_arguments(parser, ensemble=True)
     parser.add_argument("--split", required=True, help="multi30k: val | test2016; tinyshakespeare: val; sst2: dev")
     parser.add_argument("--dataset", choices=sorted(SPLITS), help="default: the one the checkpoint was trained on")
     parser.add_argument("--direction", choices=("de-en", "en-de"), help="multi30k direction (default: as trained)")
@@ -35,13 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, help="evaluate only the first N examples (a quick look; not a result)")
     parser.add_argument("--out", help="write the metrics as JSON here (default: eval-DATASET-SPLIT.json)")
     parser.add_argument("--hypotheses", help="translation: also write the outputs here, one per line")
-    parser.add_argument("--device", default="cpu")
 
 
 def run(args: argparse.Namespace) -> int:
     members = [load_pretrained(path, device=args.device) for path in args.checkpoint]
     loaded = members[0]
-    _check_ensemble(members)
+    for other in members[1:]:
+        if type(other.model) is not type(loaded.model):
+            raise ValueError(f"--checkpoint {other.path} holds a model of family {other.config.family}, {loaded.path} "
+                             f"one of family {loaded.config.family}: ensemble members must be of one family")
+    check_same_tokenizers(members)
     models = [m.model for m in members]
     trained = _train_config(Path(loaded.path))
     dataset = args.dataset or (trained.data.dataset if trained else None)
@@ -85,27 +85,6 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_bytes(out, (json.dumps(result, indent=2) + "\n").encode())
     print(f"wrote {out}")
     return 0
-
-
-def _check_ensemble(members: list[Pretrained]) -> None:
-    """Ensemble members must read and write the same tokens as the first: same family, same vocabularies."""
-    first = members[0]
-    for other in members[1:]:
-        if type(other.model) is not type(first.model):
-            raise ValueError(
-                f"--checkpoint {other.path} is a {type(other.model).__name__} but {first.path} is a "
-                f"{type(first.model).__name__}: ensemble members must be one model family"
-            )
-        for side in ("src_tokenizer", "tgt_tokenizer"):
-            if _vocabulary(getattr(other, side)) != _vocabulary(getattr(first, side)):
-                raise ValueError(
-                    f"--checkpoint {other.path} has a different {side.replace('_', ' ')} from {first.path}: "
-                    "ensemble members must share their tokenizers (train them from one tokenizer, e.g. with init_from)"
-                )
-
-
-def _vocabulary(tokenizer: Tokenizer | None) -> list[str | None] | None:
-    return None if tokenizer is None else [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
 
 
 def _train_config(path: Path) -> TrainConfig | None:

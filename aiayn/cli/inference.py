@@ -11,31 +11,63 @@ from torch import nn
 from aiayn.pretrained import Pretrained, load_pretrained
 from aiayn.tokenization.base import Tokenizer
 
-__all__ = ["add_checkpoint_arguments", "load_checkpoint", "read_texts", "check_at_least", "check_range", "batches"]
+__all__ = [
+    "add_checkpoint_arguments", "load_checkpoint", "load_ensemble", "check_same_tokenizers", "read_texts",
+    "check_at_least", "check_range", "batches",
+]
 
 
-def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, metavar="DIR",
-                        help="a saved model directory, a training checkpoint, or a run directory (its newest checkpoint)")
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
+    """``--checkpoint DIR`` and ``--device``; with ``ensemble``, ``--checkpoint`` may be repeated (a list)."""
+    help_text = "a saved model directory, a training checkpoint, or a run directory (its newest checkpoint)"
+    if ensemble:
+        parser.add_argument("--checkpoint", required=True, action="append", metavar="DIR",
+                            help=help_text + "; repeat it for an ensemble (the models' probabilities are averaged)")
+    else:
+        parser.add_argument("--checkpoint", required=True, metavar="DIR", help=help_text)
     parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
 
 
-def load_checkpoint(command: str, args: argparse.Namespace, family: type[nn.Module], needs: str) -> tuple[Pretrained, Tokenizer, Tokenizer]:
-    """Load ``--checkpoint``; exit with a message naming it unless it holds a ``family`` model and tokenizers.
-
-    ``needs`` completes the sentence "COMMAND needs ..." in the family error.
+def load_checkpoint(
+    command: str, args: argparse.Namespace, family: type[nn.Module], needs: str, path: str | None = None
+) -> tuple[Pretrained, Tokenizer, Tokenizer]:
+    """Load ``--checkpoint`` (or ``path``); exit with a message naming it unless it holds a ``family``
+    model and tokenizers. ``needs`` completes the sentence "COMMAND needs ..." in the family error.
     """
+    path = args.checkpoint if path is None else path
     try:
-        loaded = load_pretrained(args.checkpoint, device=args.device)
+        loaded = load_pretrained(path, device=args.device)
     except (OSError, ValueError, RuntimeError) as e:
-        raise SystemExit(f"aiayn {command}: --checkpoint {args.checkpoint}: {e}") from None
+        raise SystemExit(f"aiayn {command}: --checkpoint {path}: {e}") from None
     if not isinstance(loaded.model, family):
-        raise SystemExit(
-            f"aiayn {command}: --checkpoint {args.checkpoint} holds a {loaded.config.family} model; {command} needs {needs}"
-        )
+        raise SystemExit(f"aiayn {command}: --checkpoint {path} holds a {loaded.config.family} model; {command} needs {needs}")
     if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
-        raise SystemExit(f"aiayn {command}: --checkpoint {args.checkpoint} holds no tokenizer, so text cannot be encoded")
+        raise SystemExit(f"aiayn {command}: --checkpoint {path} holds no tokenizer, so text cannot be encoded")
     return loaded, loaded.src_tokenizer, loaded.tgt_tokenizer
+
+
+def load_ensemble(command: str, args: argparse.Namespace, family: type[nn.Module], needs: str) -> list[Pretrained]:
+    """Load every ``--checkpoint`` (see :func:`load_checkpoint`); they must share their tokenizers."""
+    members = [load_checkpoint(command, args, family, needs, path)[0] for path in args.checkpoint]
+    check_same_tokenizers(members)
+    return members
+
+
+def check_same_tokenizers(members: list[Pretrained]) -> None:
+    """Raise ``ValueError`` naming the first member whose tokenizers differ from the first member's
+    (an ensemble reads and writes one vocabulary)."""
+    first = members[0]
+    for other in members[1:]:
+        for side in ("src_tokenizer", "tgt_tokenizer"):
+            if _vocabulary(getattr(other, side)) != _vocabulary(getattr(first, side)):
+                raise ValueError(
+                    f"--checkpoint {other.path} has a different {side.replace('_', ' ')} from "
+                    f"{first.path}: ensemble members must share their tokenizers (fine-tune them from one run)"
+                )
+
+
+def _vocabulary(tokenizer: Tokenizer | None) -> list[str | None] | None:
+    return None if tokenizer is None else [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
 
 
 def read_texts(command: str, texts: list[str]) -> list[str]:

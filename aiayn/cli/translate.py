@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_checkpoint, read_texts
+from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_ensemble, read_texts
 from aiayn.decoding.adapters import Seq2SeqDecoder
+from aiayn.decoding.ensemble import EnsembleDecoder
 from aiayn.decoding.beam import BeamConfig, beam_search
 from aiayn.decoding.protocol import right_pad
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -14,7 +15,7 @@ HELP = "translate text (arguments, or lines on stdin) with an encoder-decoder ch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_checkpoint_arguments(parser)
+    add_checkpoint_arguments(parser, ensemble=True)
     parser.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (default: one per line of stdin)")
     parser.add_argument("--beam-size", type=int, default=4, help="beam size; 1 = greedy (default: 4, section 6.1)")
     parser.add_argument("--length-penalty", type=float, default=0.6,
@@ -31,11 +32,13 @@ def run(args: argparse.Namespace) -> int:
         check_at_least("translate", args, name, 1)
     if args.n_best > args.beam_size:
         raise SystemExit(f"aiayn translate: --n-best must be <= --beam-size={args.beam_size}, got {args.n_best}")
-    loaded, src_tok, tgt_tok = load_checkpoint("translate", args, EncoderDecoder, "an encoder-decoder model")
+    members = load_ensemble("translate", args, EncoderDecoder, "an encoder-decoder model")
+    src_tok, tgt_tok = members[0].src_tokenizer, members[0].tgt_tokenizer
     config = BeamConfig(
         beam_size=args.beam_size, length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, n_best=args.n_best,
     )
-    decoder = Seq2SeqDecoder(loaded.model)  # type: ignore[arg-type]
+    decoders = [Seq2SeqDecoder(m.model) for m in members]  # type: ignore[arg-type]
+    decoder = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
     texts = read_texts("translate", args.text)
     index = 0
     for chunk in batches(texts, args.batch_size):

@@ -73,6 +73,24 @@ def test_translate_bad_arguments(translator, argv, message):
         main(["translate", "--checkpoint", translator, *argv, "x"])
 
 
+def test_translate_with_an_ensemble(capsys, tmp_path_factory, tokenizer, translator):
+    """Two --checkpoint flags: the output follows the averaged model, whose scores differ from either member's."""
+    other = saved(tmp_path_factory, tokenizer, "tiny-encoder-decoder", positions="rotary")
+    scores = {}
+    for name, paths in (("a", [translator]), ("b", [other]), ("ab", [translator, other])):
+        flags = [f for path in paths for f in ("--checkpoint", path)]
+        code, out, _ = run(capsys, "translate", *flags, "--max-new-tokens", "4", "--n-best", "2", TEXTS[0])
+        assert code == 0 and len(out.splitlines()) == 2
+        scores[name] = [float(line.split("\t")[1]) for line in out.splitlines()]
+    assert scores["ab"] != scores["a"] and scores["ab"] != scores["b"]
+
+
+def test_ensemble_members_must_share_a_tokenizer(capsys, tmp_path_factory, translator):
+    other = saved(tmp_path_factory, CharTokenizer.train(["xyz qrs"]), "tiny-encoder-decoder")
+    code, _, err = run(capsys, "translate", "--checkpoint", translator, "--checkpoint", other, "x")
+    assert code == 2 and f"--checkpoint {other} has a different src tokenizer from {translator}" in err
+
+
 def test_wrong_family_and_missing_checkpoint(lm, tmp_path):
     with pytest.raises(SystemExit, match=f"--checkpoint {lm} holds a decoder-only model; translate needs an encoder-decoder"):
         main(["translate", "--checkpoint", lm, "x"])

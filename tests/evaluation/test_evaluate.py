@@ -104,3 +104,14 @@ def test_ensemble_members_with_different_tokenizers_are_refused(tmp_path, capsys
     assert code == 2
     err = capsys.readouterr().err
     assert f"--checkpoint {b.run_dir}" in err and "different src tokenizer" in err
+
+
+def test_ensemble_members_of_different_families_are_refused(tmp_path, capsys):
+    from loop_fixtures import translation_config
+
+    lm = train(lm_config(tmp_path / "lm", steps=1))
+    mt = train(translation_config(tmp_path / "mt", steps=1))
+    code = main(["evaluate", "--checkpoint", str(lm.run_dir), "--checkpoint", str(mt.run_dir), "--split", "val",
+                 "--dataset", "tinyshakespeare"])
+    assert code == 2
+    assert f"--checkpoint {mt.run_dir}" in (err := capsys.readouterr().err) and "family encoder-decoder" in err
