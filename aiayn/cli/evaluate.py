@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.atomic_io import atomic_write_bytes
-from aiayn.cli.inference import add_checkpoint_arguments, check_same_tokenizers
+from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble
 from aiayn.config_io import load_yaml
 from aiayn.data import load_multi30k, load_sst2, load_tinyshakespeare
 from aiayn.decoding.beam import BeamConfig
@@ -37,11 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     members = [load_pretrained(path, device=args.device) for path in args.checkpoint]
     loaded = members[0]
-    for other in members[1:]:
-        if type(other.model) is not type(loaded.model):
-            raise ValueError(f"--checkpoint {other.path} holds a model of family {other.config.family}, {loaded.path} "
-                             f"one of family {loaded.config.family}: ensemble members must be of one family")
-    check_same_tokenizers(members)
+    check_ensemble(members)
     models = [m.model for m in members]
     trained = _train_config(Path(loaded.path))
     dataset = args.dataset or (trained.data.dataset if trained else None)

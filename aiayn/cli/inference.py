@@ -12,7 +12,7 @@ from aiayn.pretrained import Pretrained, load_pretrained
 from aiayn.tokenization.base import Tokenizer
 
 __all__ = [
-    "add_checkpoint_arguments", "load_checkpoint", "load_ensemble", "check_same_tokenizers", "read_texts",
+    "add_checkpoint_arguments", "load_checkpoint", "load_ensemble", "check_ensemble", "read_texts",
     "check_at_least", "check_range", "batches",
 ]
 
@@ -49,15 +49,18 @@ def load_checkpoint(
 def load_ensemble(command: str, args: argparse.Namespace, family: type[nn.Module], needs: str) -> list[Pretrained]:
     """Load every ``--checkpoint`` (see :func:`load_checkpoint`); they must share their tokenizers."""
     members = [load_checkpoint(command, args, family, needs, path)[0] for path in args.checkpoint]
-    check_same_tokenizers(members)
+    check_ensemble(members)
     return members
 
 
-def check_same_tokenizers(members: list[Pretrained]) -> None:
-    """Raise ``ValueError`` naming the first member whose tokenizers differ from the first member's
-    (an ensemble reads and writes one vocabulary)."""
+def check_ensemble(members: list[Pretrained]) -> None:
+    """Raise ``ValueError`` naming the first member whose family or tokenizers differ from the first
+    member's (an ensemble is one kind of model reading and writing one vocabulary)."""
     first = members[0]
     for other in members[1:]:
+        if type(other.model) is not type(first.model):
+            raise ValueError(f"--checkpoint {other.path} holds a model of family {other.config.family}, {first.path} "
+                             f"one of family {first.config.family}: ensemble members must be of one family")
         for side in ("src_tokenizer", "tgt_tokenizer"):
             if _vocabulary(getattr(other, side)) != _vocabulary(getattr(first, side)):
                 raise ValueError(

@@ -6,7 +6,7 @@ import argparse
 
 from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_ensemble, read_texts
 from aiayn.decoding.adapters import Seq2SeqDecoder
-from aiayn.decoding.ensemble import EnsembleDecoder
+from aiayn.decoding.ensemble import ensemble
 from aiayn.decoding.beam import BeamConfig, beam_search
 from aiayn.decoding.protocol import right_pad
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -37,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
     config = BeamConfig(
         beam_size=args.beam_size, length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, n_best=args.n_best,
     )
-    decoders = [Seq2SeqDecoder(m.model) for m in members]  # type: ignore[arg-type]
-    decoder = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
+    decoder = ensemble([Seq2SeqDecoder(m.model) for m in members])  # type: ignore[arg-type]
     texts = read_texts("translate", args.text)
     index = 0
     for chunk in batches(texts, args.batch_size):

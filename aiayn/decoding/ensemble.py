@@ -17,13 +17,15 @@ from torch import Tensor
 
 from aiayn.decoding.protocol import Decoder, DecodeState
 
-__all__ = ["EnsembleDecoder", "EnsembleState", "mean_log_probs"]
+__all__ = ["EnsembleDecoder", "EnsembleState", "ensemble", "mean_log_probs"]
 
 
 def mean_log_probs(logits: Sequence[Tensor]) -> Tensor:
     """``log(mean_m softmax(logits_m))`` over the last axis: the members' averaged distribution, as log-probs."""
     if len(logits) == 0:
         raise ValueError("mean_log_probs needs at least one tensor of logits")
+    if len(logits) == 1:
+        return logits[0].float().log_softmax(dim=-1)  # one member: no stack, no logsumexp
     stacked = torch.stack([x.float().log_softmax(dim=-1) for x in logits])
     return torch.logsumexp(stacked, dim=0) - math.log(len(logits))
 
@@ -42,10 +44,6 @@ class EnsembleState:
     @property
     def mask(self) -> Tensor:
         return self.members[0].mask
-
-    @property
-    def pads(self) -> Tensor:
-        return self.members[0].pads
 
     @property
     def max_new_tokens(self) -> Tensor:
@@ -85,3 +83,8 @@ class EnsembleDecoder:
     def reorder(self, state: EnsembleState, index: Tensor) -> None:  # type: ignore[override]
         for member, s in zip(self.members, state.members):
             member.reorder(s, index)
+
+
+def ensemble(members: Sequence[Decoder]) -> Decoder:
+    """The one decoder of a single member as it is, else an :class:`EnsembleDecoder` of them all."""
+    return members[0] if len(members) == 1 else EnsembleDecoder(members)  # type: ignore[return-value]

@@ -16,7 +16,7 @@ import torch
 from aiayn.data import ClassificationDataset, LabeledText, SequentialBlockSampler, TokenStream, collate_classification, collate_lm
 from aiayn.decoding.adapters import Seq2SeqDecoder
 from aiayn.decoding.beam import BeamConfig, beam_search
-from aiayn.decoding.ensemble import EnsembleDecoder, mean_log_probs
+from aiayn.decoding.ensemble import ensemble, mean_log_probs
 from aiayn.decoding.protocol import right_pad
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -49,7 +49,7 @@ def translate_corpus(
     """Beam-search translations of ``sources``, detokenized, in input order (batched by length for speed)."""
     beam = beam or BeamConfig()
     models = _members(model)
-    decoder = Seq2SeqDecoder(models[0]) if len(models) == 1 else EnsembleDecoder([Seq2SeqDecoder(m) for m in models])
+    decoder = ensemble([Seq2SeqDecoder(m) for m in models])
     encoded = [src_tokenizer.encode(text, add_eos=True) for text in sources]  # EOS on the source, as in training
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     out: list[str] = [""] * len(encoded)

@@ -30,12 +30,7 @@ from aiayn.training.checkpoint import (
     verify_checkpoint,
     write_checkpoint_dir,
 )
-from aiayn.training.weights_io import (
-    check_finite,
-    read_safetensors,
-    read_weights,
-    state_dict_to_bytes,
-)
+from aiayn.training.weights_io import check_finite, read_safetensors, read_weights, state_dict_to_bytes
 
 __all__ = ["average_checkpoints", "average_last"]
 
