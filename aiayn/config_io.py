@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
-from aiayn.atomic_io import atomic_write_bytes
+from aiayn.checkpoint.atomic_io import atomic_write_bytes
 
 __all__ = ["to_dict", "from_dict", "load_yaml", "save_yaml", "apply_overrides", "parse_yaml_value"]
 

@@ -17,7 +17,7 @@ from aiayn.pretrained import load_pretrained
 from aiayn.training.config import DataSection, LoopSection, ModelSection, TrainConfig
 from aiayn.training.loop import train
 from aiayn.training.optim import OptimConfig, ScheduleConfig
-from aiayn.training.retention import RetentionConfig
+from aiayn.checkpoint.retention import RetentionConfig
 
 __all__ = ["demo_config", "run_demo"]
 

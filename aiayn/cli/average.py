@@ -19,8 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.training.averaging import average_last
-    from aiayn.training.checkpoint import CONFIG_FILE, MARKER, MODEL_FILE
+    from aiayn.checkpoint.averaging import average_last
+    from aiayn.checkpoint.state import CONFIG_FILE, MARKER, MODEL_FILE
 
     if args.last < 1:
         raise SystemExit(f"aiayn average-checkpoints: --last must be >= 1, got {args.last}")

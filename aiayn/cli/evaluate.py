@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.atomic_io import atomic_write_bytes
+from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble
 from aiayn.config_io import load_yaml
 from aiayn.data import load_multi30k, load_sst2, load_tinyshakespeare

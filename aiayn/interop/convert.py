@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from aiayn.atomic_io import replace_directory
+from aiayn.checkpoint.atomic_io import replace_directory
 from aiayn.interop.hf import Exported, Imported, load_hf, save_hf
 from aiayn.interop.hf_dir import CONFIG_FILE
 from aiayn.pretrained import load_pretrained, save_pretrained

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
 from aiayn.tokenization.base import Tokenizer
+from aiayn.checkpoint.directory import CONFIG_FILE, MODEL_FILE
 from aiayn.tokenization.bpe import BPETokenizer
 from aiayn.tokenization.special import BOS, CLS, EOS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
 
@@ -24,8 +25,7 @@ __all__ = ["read_hf_dir", "write_hf_dir", "read_hf_tokenizer", "write_hf_tokeniz
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_FILE = MODEL_FILE  # Hugging Face and our checkpoints use the same two names
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

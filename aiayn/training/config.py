@@ -19,7 +19,7 @@ from aiayn.models.config import (
 )
 from aiayn.models.presets import preset
 from aiayn.training.optim import OptimConfig, ScheduleConfig
-from aiayn.training.retention import RetentionConfig
+from aiayn.checkpoint.retention import RetentionConfig
 
 __all__ = ["ModelSection", "DataSection", "LoopSection", "TrainConfig", "build_model_config", "TASKS", "DATASET_NAMES"]
 

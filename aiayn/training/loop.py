@@ -27,7 +27,7 @@ from aiayn.models.presets import model_class
 from aiayn.pretrained import model_dir
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
-from aiayn.training.checkpoint import (
+from aiayn.checkpoint.state import (
     BestValue,
     Checkpoint,
     RankState,
@@ -45,8 +45,8 @@ from aiayn.training.evaluate import validate
 from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective, loss_count
 from aiayn.training.optim import build_optimizer_from_config, build_scheduler
-from aiayn.training.retention import rotate_checkpoints, update_best
-from aiayn.training.rng import capture_rng_state, restore_rng_state
+from aiayn.checkpoint.retention import rotate_checkpoints, update_best
+from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from aiayn.training.tasks import TaskData, build_task_data
 
 __all__ = ["train", "TrainResult", "EvalHook"]

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from aiayn.atomic_io import atomic_write_bytes
+from aiayn.checkpoint.atomic_io import atomic_write_bytes
 
 __all__ = ["MetricsLog", "METRICS_FILE", "read_metrics"]
 

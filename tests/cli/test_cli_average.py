@@ -9,7 +9,7 @@ from aiayn import build_model
 from aiayn.cli.main import main
 from aiayn.pretrained import load_pretrained
 from aiayn.tokenization.char import CharTokenizer
-from aiayn.training.checkpoint import save_checkpoint
+from aiayn.checkpoint.state import save_checkpoint
 
 
 def _run_with_checkpoints(tmp_path: Path, n: int) -> tuple[Path, list[dict[str, torch.Tensor]], CharTokenizer]:

@@ -12,7 +12,7 @@ from aiayn.evaluation.metrics import evaluate_translation, translate_corpus
 from aiayn.training.config import LoopSection, TrainConfig
 from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
-from aiayn.training.retention import RetentionConfig
+from aiayn.checkpoint.retention import RetentionConfig
 
 
 def test_val_bleu_scores_greedy_translations_against_the_validation_references(tmp_path, monkeypatch):

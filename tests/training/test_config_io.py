@@ -11,7 +11,7 @@ from typing import Literal
 
 import pytest
 
-from aiayn import atomic_io
+from aiayn.checkpoint import atomic_io
 from aiayn.config_io import apply_overrides, from_dict, load_yaml, parse_yaml_value, save_yaml, to_dict
 from aiayn.training.optim import OptimConfig
 

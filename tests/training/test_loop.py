@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.training.checkpoint import list_checkpoints, load_checkpoint
+from aiayn.checkpoint.state import list_checkpoints, load_checkpoint
 from aiayn.training.loop import _check_same_model, train
 from aiayn.training.metrics_log import read_metrics
 from aiayn.training.objectives import Objective
-from aiayn.training.weights_io import read_safetensors
+from aiayn.checkpoint.weights import read_safetensors
 from loop_fixtures import lm_config, save_config, translation_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""weights_io: tied weights, finite check, corrupt files, pickle refusal, strict loading."""
+"""checkpoint.weights: tied weights, finite check, corrupt files, pickle refusal, strict loading."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from training_helpers import TinyModel, assert_same
 
-from aiayn.training.weights_io import (
+from aiayn.checkpoint.weights import (
     CorruptCheckpointError,
     check_finite,
     load_state_dict_checked,

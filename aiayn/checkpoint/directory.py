@@ -1,7 +1,7 @@
 """The checkpoint directory on disk: its file names, the atomic write with a ``COMPLETE`` marker
 (each file's size and sha256), verification, and finding the checkpoints of a run.
 
-What goes into the files (weights, optimizer, trainer and RNG state) is :mod:`aiayn.training.checkpoint`.
+What goes into the files (weights, optimizer, trainer and RNG state) is :mod:`aiayn.checkpoint.state`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiayn import atomic_io
-from aiayn.training.weights_io import CorruptCheckpointError, read_safetensors
+from aiayn.checkpoint import atomic_io
+from aiayn.checkpoint.weights import CorruptCheckpointError, read_safetensors
 
 __all__ = [
     "FORMAT", "MARKER", "MODEL_FILE", "CONFIG_FILE", "OPTIMIZER_TENSORS", "OPTIMIZER_JSON", "TRAINER_FILE",

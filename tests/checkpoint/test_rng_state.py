@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from aiayn.training.rng import capture_rng_state, restore_rng_state
+from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
 
 
 def _draws(gen_t: torch.Generator | None = None, gen_np: np.random.Generator | None = None) -> list[object]:

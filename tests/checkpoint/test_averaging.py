@@ -9,8 +9,8 @@ import pytest
 import torch
 from training_helpers import TinyModel, assert_same
 
-from aiayn.training.averaging import average_checkpoints, average_last
-from aiayn.training.checkpoint import CorruptCheckpointWarning, load_checkpoint, save_checkpoint
+from aiayn.checkpoint.averaging import average_checkpoints, average_last
+from aiayn.checkpoint.state import CorruptCheckpointWarning, load_checkpoint, save_checkpoint
 
 
 def _models(n: int, dtype: torch.dtype = torch.float32) -> list[TinyModel]:

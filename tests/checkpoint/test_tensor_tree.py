@@ -11,7 +11,7 @@ from safetensors.torch import load, save
 from training_helpers import TinyModel, assert_same
 
 from aiayn.training.optim import build_optimizer
-from aiayn.training.tensor_tree import flatten_tree, unflatten_tree
+from aiayn.checkpoint.tensor_tree import flatten_tree, unflatten_tree
 
 
 def _through_disk_formats(tree: object) -> object:

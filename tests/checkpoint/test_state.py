@@ -15,9 +15,9 @@ import pytest
 import torch
 from training_helpers import TinyModel, assert_same
 
-from aiayn import atomic_io
+from aiayn.checkpoint import atomic_io
 from aiayn.config_io import from_dict, to_dict
-from aiayn.training.checkpoint import (
+from aiayn.checkpoint.state import (
     BestValue,
     CorruptCheckpointError,
     CorruptCheckpointWarning,

@@ -20,7 +20,7 @@ from torch import Tensor
 from aiayn.models.config import with_defaults
 from aiayn.tokenization.bpe import BPE_FILE
 from aiayn.tokenization.char import CHAR_FILE
-from aiayn.training.checkpoint import (
+from aiayn.checkpoint.state import (
     CONFIG_FILE,
     MODEL_FILE,
     RESERVED,
@@ -30,7 +30,7 @@ from aiayn.training.checkpoint import (
     verify_checkpoint,
     write_checkpoint_dir,
 )
-from aiayn.training.weights_io import check_finite, read_safetensors, read_weights, state_dict_to_bytes
+from aiayn.checkpoint.weights import check_finite, read_safetensors, read_weights, state_dict_to_bytes
 
 __all__ = ["average_checkpoints", "average_last"]
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from aiayn import atomic_io
-from aiayn.training.checkpoint import (
+from aiayn.checkpoint import atomic_io
+from aiayn.checkpoint.state import (
     BestValue,
     CorruptCheckpointError,
     CorruptCheckpointWarning,

@@ -2,7 +2,7 @@
 
 Layout of ``run_dir/step-000123/``::
 
-    model.safetensors                   model weights (tied weights stored once, see weights_io)
+    model.safetensors                   model weights (tied weights stored once, see weights.py)
     config.json                         the model/run config (a dataclass goes through config_io.to_dict)
     optimizer.safetensors, .json        optimizer state_dict: its tensors, and the rest as tagged JSON
     trainer.json                        step, scheduler state, data-iterator state, metrics, best value
@@ -13,7 +13,7 @@ Layout of ``run_dir/step-000123/``::
 
 Everything is written into a hidden temporary sibling, fsynced, then renamed into place, so a
 directory named ``step-*`` either holds a ``COMPLETE`` marker or is not a checkpoint (that machinery,
-verification and finding checkpoints: :mod:`aiayn.training.checkpoint_files`). One process (rank 0)
+verification and finding checkpoints: :mod:`aiayn.checkpoint.directory`). One process (rank 0)
 writes to a run directory. Memory note: each file is serialized in memory before it is written, one
 file at a time.
 """
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.config_io import to_dict
-from aiayn.training.checkpoint_files import (
+from aiayn.checkpoint.directory import (
     CONFIG_FILE,
     FORMAT,
     MARKER,
@@ -53,9 +53,9 @@ from aiayn.training.checkpoint_files import (
     verify_checkpoint,
     write_checkpoint_dir,
 )
-from aiayn.training.rng import Generator, RngState, capture_rng_state, restore_rng_state
-from aiayn.training.tensor_tree import flatten_tree, unflatten_tree
-from aiayn.training.weights_io import (
+from aiayn.checkpoint.rng_state import Generator, RngState, capture_rng_state, restore_rng_state
+from aiayn.checkpoint.tensor_tree import flatten_tree, unflatten_tree
+from aiayn.checkpoint.weights import (
     CorruptCheckpointError,
     check_finite,
     load_state_dict_checked,
@@ -83,7 +83,7 @@ __all__ = [
     "read_trainer_state",
     "load_model_weights",
     "restore_training_state",
-    # the directory format, from checkpoint_files
+    # the directory format, from directory.py
     "FORMAT", "MARKER", "MODEL_FILE", "CONFIG_FILE", "RESERVED",
 ]
 
