@@ -51,10 +51,10 @@ class TransformerLayer(nn.Module):
         self.causal = causal
         self.pre_norm = spec.pre_norm
 
-        def attention(positions: PositionalEncoding | None) -> MultiHeadAttention:
+        def attention(positions: PositionalEncoding | None, cross: bool = False) -> MultiHeadAttention:
             return MultiHeadAttention(
                 spec.d_model, spec.n_heads, n_kv_heads=spec.n_kv_heads, bias=spec.bias,
-                attention_dropout=spec.attention_dropout, backend=spec.backend, positions=positions,
+                attention_dropout=spec.attention_dropout, backend=spec.backend, positions=positions, cross=cross,
             )
 
         def norm() -> nn.Module:
@@ -62,7 +62,7 @@ class TransformerLayer(nn.Module):
 
         self.self_attn = attention(positions)
         self.self_attn_norm = norm()
-        self.cross_attn = attention(None) if cross_attention else None
+        self.cross_attn = attention(None, cross=True) if cross_attention else None
         self.cross_attn_norm = norm() if cross_attention else None
         self.ffn = PositionwiseFeedForward(
             spec.d_model, spec.d_ff, activation=spec.activation, bias=spec.bias,

@@ -22,8 +22,10 @@ __all__ = ["MultiHeadAttention"]
 class MultiHeadAttention(nn.Module):
     """Project, split into heads, attend, merge, project back.
 
+    ``cross``: encoder-decoder attention (queries from ``x``, keys and values from ``memory``); it is
+    decided here, once, and ``forward`` takes one of two short paths.
     ``positions``: a module whose ``rotate``/``bias`` hooks apply to self-attention (rotary, ALiBi);
-    leave it ``None`` for cross-attention, where query and key positions are unrelated.
+    it must be ``None`` for cross-attention, where query and key positions are unrelated.
     ``attention_dropout``: dropout on the attention weights (an option; the paper drops sublayer outputs).
     """
 
@@ -37,6 +39,7 @@ class MultiHeadAttention(nn.Module):
         attention_dropout: float = 0.0,
         backend: str = "sdpa",
         positions: PositionalEncoding | None = None,
+        cross: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -46,10 +49,13 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_heads must be divisible by n_kv_heads, got n_heads={n_heads}, n_kv_heads={n_kv_heads}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if cross and positions is not None:
+            raise ValueError("positions must be None for cross-attention (query and key positions are unrelated)")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads  # d_k = d_v = d_model / h
         self.backend = backend
         self.attention_dropout = attention_dropout
+        self.cross = cross
         self.w_q = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
         self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
@@ -67,39 +73,23 @@ class MultiHeadAttention(nn.Module):
         offset: int | Tensor | None = None,
         return_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``x (B, T, D)`` to itself, or to ``memory (B, S, D)`` (cross-attention).
+        """Attend from ``x (B, T, D)`` to itself, or (``cross``) to ``memory (B, S, D)``.
 
         ``mask``: bool, ``True`` = may attend, broadcastable to ``(B, H, T, S)`` where ``S`` counts
         cached keys too. ``causal``: forbid the future (lower-right aligned). ``cache``: keys/values
         of earlier steps (self) or of the encoder output (cross, computed on first use).
-        ``offset``: position of ``x``'s first token (default: the cache length, else 0).
+        ``offset``: position of ``x``'s first token (default: the cache length, else 0; self only).
         ``return_weights``: also return ``(B, H, T, S)`` weights; uses the ``math`` backend.
         Returns ``(output (B, T, D), weights or None)``.
         """
-        batch, q_len, _ = x.shape
-        if offset is None:
-            offset = cache.length if cache is not None and memory is None else 0
-        if memory is None:
-            q, k, v = self._project_self(x)  # (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)
-        else:
-            q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
-        if memory is not None and cache is not None and cache.filled:
-            k, v = cache.k, cache.v  # cross-attention: the encoder output was projected before
+        if self.cross:
+            if memory is None:
+                raise ValueError("cross-attention needs memory (the encoder output), got None")
+            q, k, v, bias = self._cross_inputs(x, memory, cache)
         else:
             if memory is not None:
-                k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
-                v = self._split(self.w_v(memory), self.n_kv_heads)
-            if memory is None and self.positions is not None:
-                q, k = self.positions.rotate(q, k, offset)
-            if cache is not None:
-                if memory is None:
-                    k, v = cache.append(k, v)
-                else:
-                    cache.set(k, v)
-
-        bias = None
-        if memory is None and self.positions is not None:
-            bias = self.positions.bias(q_len, k.shape[2], offset, device=x.device)
+                raise ValueError("this is a self-attention module: memory must be None (build it with cross=True)")
+            q, k, v, bias = self._self_inputs(x, cache, offset)
         out, weights = scaled_dot_product_attention(
             q,
             k,
@@ -111,8 +101,41 @@ class MultiHeadAttention(nn.Module):
             backend="math" if return_weights else self.backend,
             return_weights=return_weights,
         )
+        return self._merge(out), weights
+
+    def _self_inputs(
+        self, x: Tensor, cache: LayerCache | None, offset: int | Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """Queries, keys and values of ``x`` (rotated, appended to the cache) and the positions' score bias."""
+        if offset is None:
+            offset = cache.length if cache is not None else 0
+        q, k, v = self._project_self(x)  # (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)
+        if self.positions is not None:
+            q, k = self.positions.rotate(q, k, offset)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, Hkv, S, Dh): all positions so far
+        if self.positions is None:
+            return q, k, v, None
+        return q, k, v, self.positions.bias(x.shape[1], k.shape[2], offset, device=x.device)
+
+    def _cross_inputs(
+        self, x: Tensor, memory: Tensor, cache: LayerCache | None
+    ) -> tuple[Tensor, Tensor, Tensor, None]:
+        """Queries of ``x``; keys and values of ``memory``, projected once per source when cached."""
+        q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
+        if cache is not None and cache.filled:
+            return q, cache.k, cache.v, None  # the encoder output was projected before
+        k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
+        v = self._split(self.w_v(memory), self.n_kv_heads)
+        if cache is not None:
+            cache.set(k, v)
+        return q, k, v, None
+
+    def _merge(self, out: Tensor) -> Tensor:
+        """``(B, H, T, Dh) -> (B, T, D)``, then the output projection ``W^O``."""
+        batch, _, q_len, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, q_len, self.n_heads * self.head_dim)  # (B, T, H*Dh)
-        return self.w_o(out), weights
+        return self.w_o(out)
 
     def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's three projections as one matmul (one larger GEMM, one weight cast under
