@@ -3,6 +3,8 @@
 Layout (the same files a training checkpoint holds, so either can be loaded):
 ``model.safetensors`` (weights, tied tables stored once), ``config.json`` (the model config),
 and ``tokenizer.json`` / ``char_tokenizer.json`` (or ``src_...`` / ``tgt_...`` when not shared).
+An int8-quantised model (``aiayn quantize``) also holds ``quantization.json``; its weights file then
+has int8 ``weight`` and fp32 ``scale`` tensors for every Linear layer.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.checkpoint.directory import CONFIG_FILE, MARKER, MODEL_FILE
 from aiayn.checkpoint.state import resolve_checkpoint
 from aiayn.checkpoint.weights import load_state_dict_checked, read_safetensors, state_dict_to_bytes
+from aiayn.inference.precision import cast_model, parse_dtype
+from aiayn.inference.quantization import Int8Linear, check_int8_kernel, parse_quantize, quantize_int8
 
-__all__ = ["Pretrained", "save_pretrained", "load_pretrained", "model_dir", "MODEL_FILE", "CONFIG_FILE"]
+__all__ = ["Pretrained", "save_pretrained", "load_pretrained", "model_dir", "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE"]
 
 _TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json")
+QUANTIZATION_FILE = "quantization.json"
+_INT8_FORMAT = {"method": "int8", "scheme": "weight-only, symmetric, one fp32 scale per output channel"}
 
 
 @dataclass
@@ -66,6 +72,8 @@ def save_pretrained(
     with replace_directory(target) as tmp:
         write_durable(tmp / MODEL_FILE, state_dict_to_bytes(model.state_dict()))
         write_durable(tmp / CONFIG_FILE, (config.to_json() + "\n").encode())
+        if any(isinstance(m, Int8Linear) for m in model.modules()):
+            write_durable(tmp / QUANTIZATION_FILE, (json.dumps(_INT8_FORMAT, indent=2) + "\n").encode())
         if src_tokenizer is not None:
             save_tokenizer_pair(tmp, src_tokenizer, tgt_tokenizer)  # type: ignore[arg-type]
     return target
@@ -80,12 +88,25 @@ def model_dir(path: str | os.PathLike[str]) -> Path:
     return resolve_checkpoint(directory)
 
 
-def load_pretrained(path: str | os.PathLike[str], *, device: str | torch.device = "cpu") -> Pretrained:
+def load_pretrained(
+    path: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
+) -> Pretrained:
     """Load a model directory, a training checkpoint, or a run directory (its newest complete checkpoint).
 
-    Raises ``FileNotFoundError`` naming the path when there is nothing to load there, and
-    ``ValueError`` when the weights do not match the config.
+    The one place where inference precision is chosen, once, at load: ``dtype`` (``"float32"``,
+    ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``; ``None`` keeps fp32) casts the weights;
+    ``quantize="int8"`` turns every Linear layer into int8 weights with per-channel scales
+    (:mod:`aiayn.inference.quantization`). A directory written by ``aiayn quantize`` loads as int8
+    whatever ``quantize`` says. Raises ``FileNotFoundError`` naming the path when there is nothing
+    to load there, ``ValueError`` when the weights do not match the config or for an unknown
+    ``dtype``/``quantize``, and ``RuntimeError`` when int8 is asked for and torch lacks the kernel.
     """
+    torch_dtype = parse_dtype(dtype)
+    quantize = parse_quantize(quantize)
     directory = Path(path)
     if not directory.exists():
         raise FileNotFoundError(f"no model at {directory}: no such directory")
@@ -98,10 +119,33 @@ def load_pretrained(path: str | os.PathLike[str], *, device: str | torch.device 
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_file}: invalid JSON ({e})") from None
     model = model_class(config)(config)
+    stored_int8 = _stored_quantization(directory) is not None
+    if stored_int8:
+        check_int8_kernel(device)
+        quantize_int8(model)  # the int8 layout, then the stored int8 weights and scales fill it
     state, _ = read_safetensors(directory / MODEL_FILE)
     load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
+    if quantize == "int8" and not stored_int8:
+        quantize_int8(model)  # from the fp32 weights, before any cast
+    if torch_dtype is not None:
+        cast_model(model, torch_dtype)  # once: no step re-casts a weight
     model.to(device).eval()
     src_tok = tgt_tok = None
     if any((directory / f"{prefix}{name}").is_file() for prefix in ("", "src_") for name in _TOKENIZER_NAMES):
         src_tok, tgt_tok = load_tokenizer_pair(directory)
     return Pretrained(model, config, src_tok, tgt_tok, directory)
+
+
+def _stored_quantization(directory: Path) -> dict | None:
+    """The quantization record of a model directory, or ``None``; ``ValueError`` for an unknown format."""
+    file = directory / QUANTIZATION_FILE
+    if not file.is_file():
+        return None
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: invalid JSON ({e})") from None
+    if not isinstance(record, dict) or record.get("method") != "int8":
+        got = record.get("method") if isinstance(record, dict) else record
+        raise ValueError(f"{file}: method must be 'int8' (the only stored quantisation), got {got!r}")
+    return record

@@ -139,7 +139,13 @@ class MultiHeadAttention(nn.Module):
 
     def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's three projections as one matmul (one larger GEMM, one weight cast under
-        autocast); the weights stay three modules, so checkpoint keys do not change."""
+        autocast); the weights stay three modules, so checkpoint keys do not change.
+
+        Without gradients (inference) the three modules run as they are: concatenating the weights
+        would copy every one of them at every decoding step, and int8 layers have no float weight."""
+        if not torch.is_grad_enabled() or not isinstance(self.w_q, nn.Linear):
+            q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+            return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
         weight = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # (H*Dh + 2*Hkv*Dh, D)
         bias = None if self.w_q.bias is None else torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
         q, k, v = F.linear(x, weight, bias).split([self.w_q.out_features, self.w_k.out_features, self.w_v.out_features], dim=-1)

@@ -1,0 +1,119 @@
+"""int8 weight-only quantisation of every Linear layer, with one scale per output channel.
+
+Each weight row ``W[n, :]`` is stored as ``round(W[n, :] / s[n])`` in int8 with
+``s[n] = max|W[n, :]| / 127`` (symmetric, so zero stays exactly zero). At batch 1 decoding reads
+every weight once per token, so a quarter of the fp32 bytes is up to four times fewer bytes per
+token. The matmul is torch's own CPU kernel ``torch.ops.aten._weight_int8pack_mm`` (it
+dequantises in registers); it runs fast with bf16/fp16 activations only, so an fp32 model's int8
+layers compute in bf16 and hand back fp32. Embedding tables stay in floating point (a lookup reads
+one row per token), so a tied output projection is quantised on its own copy.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["QUANTIZATIONS", "Int8Linear", "quantize_int8", "check_int8_kernel", "parse_quantize"]
+
+log = logging.getLogger(__name__)
+
+QUANTIZATIONS: tuple[str, ...] = ("none", "int8")
+_KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give wrong results or crash)
+
+
+def parse_quantize(value: str | None, *, name: str = "quantize") -> str | None:
+    """``"int8"`` -> ``"int8"``; ``None`` or ``"none"`` -> ``None``. Raises ``ValueError`` naming the choices."""
+    if value is None or value == "none":
+        return None
+    if value == "int8":
+        return value
+    raise ValueError(f"{name} must be one of {', '.join(QUANTIZATIONS)}, got {value!r}")
+
+
+def check_int8_kernel(device: torch.device | str = "cpu") -> None:
+    """Raise ``RuntimeError`` unless this torch build runs ``_weight_int8pack_mm`` on ``device``."""
+    op = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
+    reason = "" if op is not None else "the operator does not exist in this build"
+    if op is not None:
+        try:
+            x = torch.ones(1, _KERNEL_K_MULTIPLE, dtype=torch.bfloat16, device=device)
+            w = torch.ones(1, _KERNEL_K_MULTIPLE, dtype=torch.int8, device=device)
+            op(x, w, torch.ones(1, dtype=torch.bfloat16, device=device))
+        except (RuntimeError, NotImplementedError) as e:
+            reason = str(e).splitlines()[0]
+    if reason:
+        raise RuntimeError(
+            f"quantize='int8' needs torch.ops.aten._weight_int8pack_mm on device {str(device)!r}, which torch "
+            f"{torch.__version__} cannot run here ({reason}); accepted: quantize one of {', '.join(QUANTIZATIONS)} "
+            "on a build that has the kernel, or 'none'"
+        )
+
+
+class Int8Linear(nn.Module):
+    """``y = x W^T + b`` with ``W`` stored as int8 ``(N, K)`` times fp32 per-row ``scale (N,)``."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, device: torch.device | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False) if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        """Quantise ``linear``'s weight row by row (from its own precision, computed in fp32)."""
+        weight = linear.weight.detach().float()  # (N, K)
+        scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0  # (N,)
+        q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device=weight.device)
+        module.weight.copy_(q)
+        module.scale.copy_(scale)
+        if linear.bias is not None:
+            module.bias.data = linear.bias.detach().clone()
+        return module
+
+    def dequantized(self) -> Tensor:
+        """The fp32 weight ``(N, K)`` this layer computes with (for tests and error measurements)."""
+        return self.weight.float() * self.scale[:, None]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations."""
+        compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        flat = x.reshape(-1, self.in_features).to(compute)  # (M, K): the kernel takes 2-D inputs
+        if self.in_features % _KERNEL_K_MULTIPLE == 0:
+            out = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.weight, self.scale.to(compute))
+        else:  # correct but slow: dequantise per call (the kernel requires K % 16 == 0)
+            out = F.linear(flat, self.weight.to(compute) * self.scale.to(compute)[:, None])
+        if self.bias is not None:
+            out = out + self.bias.to(compute)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` by an :class:`Int8Linear`, in place; returns ``model``.
+
+    Raises ``ValueError`` when the model has no Linear layer (nothing to quantise) and
+    ``RuntimeError`` when this torch build lacks the kernel.
+    """
+    targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if not targets:
+        raise ValueError(
+            f"quantize='int8': {type(model).__name__} has no nn.Linear layer to quantise "
+            f"(accepted: a model with Linear layers, or quantize one of {', '.join(QUANTIZATIONS)} = 'none')"
+        )
+    check_int8_kernel(targets[0][1].weight.device)
+    slow = sorted({m.in_features for _, m in targets if m.in_features % _KERNEL_K_MULTIPLE})
+    if slow:
+        log.warning("int8: in_features %s are not multiples of %d: those layers dequantise per call (slow)", slow, _KERNEL_K_MULTIPLE)
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, Int8Linear.from_linear(linear))
+    return model
