@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_checkpoint, read_texts
+from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_checkpoint, read_texts, saved_train_config
 from aiayn.decoding.encoder_only import classify, encode_sentences
 from aiayn.models.encoder_only import EncoderOnly
 
@@ -20,6 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_at_least("classify", args, "batch_size", 1)
     loaded, tokenizer, _ = load_checkpoint("classify", args, EncoderOnly, "an encoder-only model")
+    trained = saved_train_config(loaded.path)
+    if trained is not None and trained.data.task == "mlm":
+        raise SystemExit(f"aiayn classify: --checkpoint {args.checkpoint} was trained only as a masked LM: its classifier head "
+                         f"was never trained, so its labels would be noise. Fine-tune it first (recipes/sst2.yaml), "
+                         f"or use fill-mask")
     texts = read_texts("classify", args.text)
     for chunk in batches(texts, args.batch_size):
         ids, mask = encode_sentences(tokenizer, chunk)

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from aiayn.pretrained import Pretrained, load_pretrained
 from aiayn.tokenization.base import Tokenizer
 
+if TYPE_CHECKING:
+    from aiayn.training.config import TrainConfig
+
 __all__ = [
     "add_checkpoint_arguments", "load_checkpoint", "load_ensemble", "check_ensemble", "read_texts",
-    "check_at_least", "check_range", "batches",
+    "check_at_least", "check_range", "batches", "saved_train_config",
 ]
 
 
@@ -101,3 +106,15 @@ def check_range(command: str, args: argparse.Namespace, name: str, low: float, h
 
 def batches(items: list[str], size: int) -> list[list[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def saved_train_config(path: str | Path) -> TrainConfig | None:
+    """The training config saved with a checkpoint (or beside an averaged model), if any."""
+    from aiayn.config_io import load_yaml
+    from aiayn.training.config import TrainConfig
+
+    path = Path(path)
+    for candidate in (path / "train_config.yaml", path.parent / "train_config.yaml"):
+        if candidate.is_file():
+            return load_yaml(candidate, TrainConfig)
+    return None

@@ -12,8 +12,19 @@ from typing import Any, Sequence, TypeVar
 import numpy as np
 import sacrebleu
 import torch
+from tqdm import tqdm
 
-from aiayn.data import ClassificationDataset, LabeledText, SequentialBlockSampler, TokenStream, collate_classification, collate_lm
+from aiayn.data import (
+    IGNORE_INDEX,
+    ClassificationDataset,
+    LabeledText,
+    MLMCollate,
+    SentenceDataset,
+    SequentialBlockSampler,
+    TokenStream,
+    collate_classification,
+    collate_lm,
+)
 from aiayn.decoding.adapters import Seq2SeqDecoder
 from aiayn.decoding.beam import BeamConfig, beam_search
 from aiayn.decoding.ensemble import ensemble, mean_log_probs
@@ -23,7 +34,7 @@ from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.base import Tokenizer
 
-__all__ = ["translate_corpus", "evaluate_translation", "evaluate_lm", "evaluate_classifier"]
+__all__ = ["translate_corpus", "evaluate_translation", "evaluate_lm", "evaluate_mlm", "evaluate_classifier"]
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -45,8 +56,12 @@ def translate_corpus(
     *,
     beam: BeamConfig | None = None,
     batch_size: int = 64,
+    progress: bool = False,
 ) -> list[str]:
-    """Beam-search translations of ``sources``, detokenized, in input order (batched by length for speed)."""
+    """Beam-search translations of ``sources``, detokenized, in input order (batched by length for speed).
+
+    ``progress``: a tqdm bar (on stderr) counting sentences.
+    """
     beam = beam or BeamConfig()
     models = _members(model)
     decoder = ensemble([Seq2SeqDecoder(m) for m in models])
@@ -54,11 +69,13 @@ def translate_corpus(
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     out: list[str] = [""] * len(encoded)
     device = next(models[0].parameters()).device
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        ids, mask = right_pad([encoded[i] for i in chunk], device=device)
-        for i, hyps in zip(chunk, beam_search(decoder, ids, mask, beam)):
-            out[i] = tgt_tokenizer.decode(hyps[0].tokens) if hyps else ""
+    with tqdm(total=len(order), desc="translating", unit="sent", disable=not progress, dynamic_ncols=True) as bar:
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            ids, mask = right_pad([encoded[i] for i in chunk], device=device)
+            for i, hyps in zip(chunk, beam_search(decoder, ids, mask, beam)):
+                out[i] = tgt_tokenizer.decode(hyps[0].tokens) if hyps else ""
+            bar.update(len(chunk))
     return out
 
 
@@ -79,13 +96,17 @@ def evaluate_translation(hypotheses: Sequence[str], references: Sequence[str]) -
 
 
 @torch.no_grad()
-def evaluate_lm(model: DecoderOnly | Sequence[DecoderOnly], tokenizer: Tokenizer, text: str, *, block_size: int, batch_size: int = 32) -> dict[str, Any]:
+def evaluate_lm(
+    model: DecoderOnly | Sequence[DecoderOnly], tokenizer: Tokenizer, text: str, *, block_size: int, batch_size: int = 32,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Mean next-token loss (nats) and perplexity over non-overlapping ``block_size`` windows of ``text``."""
     models = _members(model)
     stream = TokenStream.encode(text, tokenizer, block_size)
     device = next(models[0].parameters()).device
     total, count = 0.0, 0
-    for batch_ids in SequentialBlockSampler(stream, batch_size).batches(0):
+    plan = list(SequentialBlockSampler(stream, batch_size).batches(0))
+    for batch_ids in tqdm(plan, desc="scoring", unit="batch", disable=not progress, dynamic_ncols=True):
         batch = collate_lm([stream[i] for i in batch_ids]).to(device)
         log_probs = mean_log_probs([m(batch.input) for m in models])
         total += float(torch.nn.functional.nll_loss(log_probs.flatten(0, 1), batch.target.flatten(), reduction="sum"))
@@ -95,13 +116,45 @@ def evaluate_lm(model: DecoderOnly | Sequence[DecoderOnly], tokenizer: Tokenizer
 
 
 @torch.no_grad()
-def evaluate_classifier(model: EncoderOnly | Sequence[EncoderOnly], tokenizer: Tokenizer, data: LabeledText, *, max_len: int, batch_size: int = 64) -> dict[str, Any]:
+def evaluate_mlm(
+    model: EncoderOnly | Sequence[EncoderOnly], tokenizer: Tokenizer, texts: Sequence[str], *, max_len: int,
+    batch_size: int = 64, seed: int = 0, progress: bool = False,
+) -> dict[str, Any]:
+    """Masked-LM loss (nats per predicted token) and accuracy of the predicted tokens, BERT's 15% masking
+    drawn from ``seed`` so that two runs (and two models) are scored on the same masks."""
+    models = _members(model)
+    dataset = SentenceDataset.encode(list(texts), tokenizer, max_len=max_len, too_long="truncate")
+    collate = MLMCollate(tokenizer.vocab_size)
+    device = next(models[0].parameters()).device
+    total, correct, count = 0.0, 0, 0
+    starts = range(0, len(dataset), batch_size)
+    for k, start in enumerate(tqdm(starts, desc="scoring", unit="batch", disable=not progress, dynamic_ncols=True)):
+        examples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        batch = collate(examples, np.random.default_rng([seed, k])).to(device)
+        predicted = batch.labels != IGNORE_INDEX  # (B, T)
+        log_probs = mean_log_probs([m.masked_lm_logits(m(batch.input, batch.pad_mask, batch.segment_ids)[predicted]) for m in models])
+        labels = batch.labels[predicted]  # (N,)
+        total += float(torch.nn.functional.nll_loss(log_probs, labels, reduction="sum"))
+        correct += int((log_probs.argmax(-1) == labels).sum())
+        count += labels.numel()
+    if count == 0:
+        raise ValueError("no token to predict: the texts are empty")
+    loss = total / count
+    return {"mlm_loss": round(loss, 4), "mlm_accuracy": round(correct / count, 4), "predicted_tokens": count, "examples": len(dataset)}
+
+
+@torch.no_grad()
+def evaluate_classifier(
+    model: EncoderOnly | Sequence[EncoderOnly], tokenizer: Tokenizer, data: LabeledText, *, max_len: int, batch_size: int = 64,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Accuracy of ``model`` on labelled text (sequences longer than ``max_len`` are truncated, not dropped)."""
     models = _members(model)
     dataset = ClassificationDataset.encode(data, tokenizer, max_len=max_len, too_long="truncate")
     device = next(models[0].parameters()).device
     correct = 0
-    for start in range(0, len(dataset), batch_size):
+    starts = range(0, len(dataset), batch_size)
+    for start in tqdm(starts, desc="classifying", unit="batch", disable=not progress, dynamic_ncols=True):
         batch = collate_classification([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))], np.random.default_rng(0)).to(device)
         log_probs = mean_log_probs([m.classification_logits(m(batch.input, batch.pad_mask), batch.pad_mask) for m in models])
         correct += int((log_probs.argmax(-1) == batch.labels).sum())

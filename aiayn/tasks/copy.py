@@ -19,10 +19,13 @@ from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.tokenization.special import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
 
-__all__ = ["CopyTaskResult", "copy_batch", "train_copy_task", "exact_match"]
+__all__ = ["PASS_THRESHOLD", "CopyTaskResult", "copy_batch", "train_copy_task", "exact_match"]
 
 log = logging.getLogger(__name__)
 FIRST_SYMBOL = len(SPECIAL_TOKENS)  # symbols to copy come after the special tokens
+# The one pass mark (CLI, demo fallback, tests): an untrained model scores ~0%; 1000 steps reach 94-100%
+# depending on float summation order (thread count), so 99% would fail on some machines.
+PASS_THRESHOLD = 0.9
 
 
 @dataclass

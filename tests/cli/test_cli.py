@@ -30,3 +30,10 @@ def test_module_entry_point():
 def test_copy_task_rejects_bad_steps():
     with pytest.raises(SystemExit, match="--steps must be >= 1, got 0"):
         main(["copy-task", "--steps", "0"])
+
+
+def test_copy_task_says_why_it_fails(capsys):
+    """A missed pass mark exits 1 with the reason, not silently."""
+    assert main(["copy-task", "--steps", "1", "--length", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "below the pass mark of 90%" in err

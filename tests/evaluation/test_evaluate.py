@@ -115,3 +115,74 @@ def test_ensemble_members_of_different_families_are_refused(tmp_path, capsys):
                  "--dataset", "tinyshakespeare"])
     assert code == 2
     assert f"--checkpoint {mt.run_dir}" in (err := capsys.readouterr().err) and "family encoder-decoder" in err
+
+
+def test_evaluate_own_files_from_the_checkpoint_data_spec_into_the_run_dir(tmp_path, capsys):
+    """A run on data.dataset=files evaluates on its own validation files without --dataset, writes
+    its JSON into the run directory, and says so when it replaces an earlier result."""
+    from loop_fixtures import translation_config
+
+    run = train(translation_config(tmp_path, steps=2))
+    args = ["evaluate", "--checkpoint", str(run.run_dir), "--split", "val", "--limit", "5", "--beam-size", "1"]
+    assert main(args) == 0
+    out = run.run_dir / "eval-files-val.json"
+    metrics = json.loads(out.read_text())
+    assert metrics["dataset"] == "files" and metrics["task"] == "translation" and metrics["sentences"] == 5
+    assert "replacing" not in capsys.readouterr().out
+    assert main(args) == 0
+    assert f"wrote {out} (replacing the earlier results there)" in capsys.readouterr().out
+
+
+def test_evaluate_uses_the_data_dir_recorded_in_the_checkpoint(tmp_path, monkeypatch):
+    from aiayn.data import ENV_VAR
+
+    data_dir = tmp_path / "somewhere"
+    (data_dir / "tinyshakespeare").mkdir(parents=True)
+    text = Path(lm_config(tmp_path / "gen").data.train_files[0]).read_text()
+    (data_dir / "tinyshakespeare" / "input.txt").write_text(text)
+    config = lm_config(tmp_path, steps=1)
+    config.data = type(config.data)(task="lm", dataset="tinyshakespeare", data_dir=str(data_dir), tokenizer="char",
+                                    block_size=16, batch_size=4)
+    run = train(config)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--checkpoint", str(run.run_dir), "--split", "val", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["tokens"] > 0
+
+
+def write_labelled(path: Path, n: int = 60) -> Path:
+    from loop_fixtures import WORDS
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{i % 2}\t{' '.join(WORDS[(i + k) % len(WORDS)] for k in range(5))}\n" for i in range(n)))
+    return path
+
+
+def mlm_config(tmp_path: Path, steps: int = 2):
+    from aiayn.training.config import DataSection, LoopSection, ModelSection, TrainConfig
+    from aiayn.training.optim import OptimConfig, ScheduleConfig
+
+    tsv = write_labelled(tmp_path / "data" / "text.tsv")
+    return TrainConfig(
+        run_dir=str(tmp_path / "run"),
+        model=ModelSection(preset="tiny-encoder-only", dropout=0.0, max_len=32),
+        data=DataSection(task="mlm", dataset="files", train_files=[str(tsv)], val_files=[str(tsv)], tokenizer="char",
+                         batch_size=8, max_len=32),
+        optim=OptimConfig(name="adamw", lr=1e-3),
+        schedule=ScheduleConfig(name="constant", warmup=0),
+        train=LoopSection(max_steps=steps, eval_every=steps, save_every=steps, progress=False, tensorboard=False),
+    )
+
+
+def test_evaluate_an_mlm_checkpoint_reports_masked_token_metrics(tmp_path, capsys):
+    """An MLM-only checkpoint has an untrained classifier head: evaluate reports MLM loss and accuracy,
+    and classify refuses it."""
+    run = train(mlm_config(tmp_path))
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--checkpoint", str(run.run_dir), "--split", "val", "--out", str(out)]) == 0
+    metrics = json.loads(out.read_text())
+    assert metrics["task"] == "mlm" and "accuracy" not in metrics
+    assert 0.0 <= metrics["mlm_accuracy"] <= 1.0 and metrics["mlm_loss"] > 0 and metrics["predicted_tokens"] > 0
+    with pytest.raises(SystemExit, match="classifier head was never trained"):
+        main(["classify", "--checkpoint", str(run.run_dir), "a cat"])
