@@ -10,6 +10,7 @@ the caller passes ``trust_pickle=True``, and then with ``torch.load(weights_only
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,8 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
+
+from aiayn.checkpoint.errors import CorruptCheckpointError
 
 __all__ = [
     "CorruptCheckpointError",
@@ -30,17 +33,10 @@ __all__ = [
     "load_state_dict_checked",
 ]
 
+log = logging.getLogger(__name__)
 ALIASES_KEY = "aiayn.aliases"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 _MAX_LISTED = 50  # keys listed per kind of mismatch before "... and N more"
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint file is truncated, altered or unreadable; ``path`` names the file."""
-
-    def __init__(self, path: Path | str, reason: str) -> None:
-        super().__init__(f"corrupt checkpoint file {path}: {reason}")
-        self.path = Path(path)
 
 
 def check_finite(tensors: Mapping[str, Tensor], *, what: str = "weight") -> None:
@@ -98,11 +94,13 @@ def read_safetensors(path: Path | str) -> tuple[dict[str, Tensor], dict[str, str
     """(tensors with aliases expanded, metadata) of a safetensors file on the CPU.
 
     Raises ``FileNotFoundError`` for a missing file and ``CorruptCheckpointError`` naming the file when
-    it cannot be parsed (truncated, not safetensors, bad alias table).
+    it cannot be parsed (truncated, not safetensors, a header over the size or entry limits, a bad
+    tensor record, bad alias table).
     """
+    from aiayn.checkpoint.safetensors_header import read_header  # it imports this package's errors
+
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such weights file: {path}")
+    read_header(path)  # bounded and checked before the library parses it; names the file and tensor
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = dict(f.metadata() or {})
@@ -154,8 +152,10 @@ def read_weights(path: Path | str, *, trust_pickle: bool = False) -> dict[str, T
 def load_state_dict_checked(model: nn.Module, state: Mapping[str, Tensor], *, source: str) -> None:
     """Load ``state`` into ``model`` only if names and shapes match exactly; never a partial load.
 
-    Raises ``ValueError`` listing the missing keys, the unexpected keys and the shape mismatches, with
-    ``source`` (the file) in the message.
+    Raises ``ValueError`` listing the missing keys, the unexpected keys, the shape mismatches and the
+    dtype mismatches, with ``source`` (the file) in the message. dtype policy: floating point is cast
+    to the model's floating dtype (logged as a warning); anything else (integer or bool into float,
+    float into integer, one integer width into another) is refused.
     """
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
@@ -165,16 +165,33 @@ def load_state_dict_checked(model: nn.Module, state: Mapping[str, Tensor], *, so
         for k, v in expected.items()
         if k in state and state[k].shape != v.shape
     ]
-    if missing or unexpected or shapes:
+    dtypes = [
+        f"{k}: file {state[k].dtype}, model {v.dtype}"
+        for k, v in expected.items()
+        if k in state and state[k].dtype != v.dtype and not (state[k].is_floating_point() and v.is_floating_point())
+    ]
+    if missing or unexpected or shapes or dtypes:
         lines = [f"weights in {source} do not match the model (was its config changed?):"]
         for label, items in (
             ("missing from the file", missing),
             ("unexpected in the file", unexpected),
             ("shape mismatches", shapes),
+            ("dtype mismatches (only floating point is cast to floating point)", dtypes),
         ):
             if items:
                 listed = ", ".join(items[:_MAX_LISTED])
                 more = f", ... and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else ""
                 lines.append(f"  {label} ({len(items)}): {listed}{more}")
         raise ValueError("\n".join(lines))
+    _log_casts(expected, state, source)
     model.load_state_dict(dict(state), strict=True)
+
+
+def _log_casts(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], source: str) -> None:
+    """Say which floating dtypes are cast to the model's (fp16 weights into an fp32 model, say)."""
+    casts: dict[tuple[torch.dtype, torch.dtype], int] = {}
+    for k, v in expected.items():
+        if state[k].dtype != v.dtype:
+            casts[(state[k].dtype, v.dtype)] = casts.get((state[k].dtype, v.dtype), 0) + 1
+    for (file_dtype, model_dtype), count in sorted(casts.items(), key=str):
+        log.warning("%s: cast %d tensor(s) from %s to the model's %s", source, count, file_dtype, model_dtype)

@@ -252,7 +252,7 @@ def _bad_json(path: Path) -> str:
 
 def _bad_safetensors(path: Path) -> str:
     _rewrite(path, "rng.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}", update_marker=True)
-    return "rng.safetensors: cannot read it as safetensors"
+    return "rng.safetensors: header of 8 bytes runs past the end of the file"
 
 
 def _missing_file(path: Path) -> str:
