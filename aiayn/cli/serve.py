@@ -1,0 +1,67 @@
+"""``aiayn serve``: an OpenAI-compatible HTTP server for a checkpoint (needs ``pip install aiayn[serve]``)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+HELP = "serve a checkpoint over HTTP: OpenAI-style endpoints with streaming and request batching, metrics, a page at /"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a saved model directory, a training checkpoint, or a run directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype (default: float32)")
+    parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
+    parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together in one step (default: 8)")
+    parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; more get 429 (default: 64)")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; larger gets 413 (default: 1 MiB)")
+    parser.add_argument("--model-name", default=None, help="the model's id in the API (default: the checkpoint directory's name)")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="on SIGTERM/Ctrl-C, seconds to let running requests finish before cancelling them (default: 10)")
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("max_batch", "max_queue", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"aiayn serve: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0 <= args.port <= 65535:
+        raise SystemExit(f"aiayn serve: --port must be in [0, 65535], got {args.port}")
+    if args.shutdown_timeout < 0:
+        raise SystemExit(f"aiayn serve: --shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    try:
+        import uvicorn
+
+        from aiayn.serve.app import create_app
+        from aiayn.serve.loading import load_served_model
+    except ImportError as e:
+        raise SystemExit(f"aiayn serve: needs the serve extra ({e}): pip install 'aiayn[serve]'") from None
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as e:
+        raise SystemExit(f"aiayn serve: cannot listen on --host {args.host} --port {args.port}: {e}") from None
+    failed: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def load_failed(error: BaseException) -> None:
+        failed.append(error)
+        print(f"aiayn serve: error: --checkpoint {args.checkpoint}: {error}", file=sys.stderr, flush=True)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(
+        lambda: load_served_model(args.checkpoint, dtype=args.dtype, device=args.device, name=args.model_name),
+        max_batch=args.max_batch, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, on_load_error=load_failed,
+    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"aiayn serve: listening on http://{shown}:{port} (loading {args.checkpoint}; /health says when it is ready)", flush=True)
+    server.run(sockets=[sock])
+    print("aiayn serve: stopped", flush=True)
+    return 1 if failed else 0

@@ -1,0 +1,316 @@
+"""The FastAPI app: OpenAI-style endpoints per model family, errors as OpenAI error objects, metrics,
+and the page at ``/``. The model loads on a background thread after the server starts listening, so
+a request that comes before it is ready gets a 503 rather than a refused connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aiayn.serve import requests as checks
+from aiayn.serve.encoder_engine import EncoderEngine
+from aiayn.serve.errors import APIError, error_body
+from aiayn.serve.jobs import DONE, ERROR, TOKEN, Job, Worker
+from aiayn.serve.lm_engine import LMEngine
+from aiayn.serve.loading import ServedModel
+from aiayn.serve.metrics import ServerMetrics
+from aiayn.serve.middleware import BodyLimitAndMetrics
+from aiayn.serve.schemas import AttentionRequest, ClassificationRequest, CompletionRequest, FillMaskRequest, TranslationRequest
+from aiayn.serve.seq2seq_engine import Seq2SeqEngine
+
+__all__ = ["create_app", "ServerState", "ENDPOINTS"]
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = {
+    "decoder-only": ["/v1/completions"],
+    "encoder-decoder": ["/v1/translations", "/v1/attention"],
+    "encoder-only": ["/v1/classifications", "/v1/fill-mask"],
+}
+_ENGINES: dict[str, type[Worker]] = {"decoder-only": LMEngine, "encoder-decoder": Seq2SeqEngine, "encoder-only": EncoderEngine}
+
+
+class ServerState:
+    """The loaded model and its engine (``None`` until loaded), or why loading failed."""
+
+    def __init__(self, metrics: ServerMetrics, *, max_batch: int, max_queue: int) -> None:
+        self.metrics, self.max_batch, self.max_queue = metrics, max_batch, max_queue
+        self.served: ServedModel | None = None
+        self.engine: Worker | None = None
+        self.load_error: str | None = None
+        self.created = int(time.time())
+
+    def load(self, load: Callable[[], ServedModel], on_error: Callable[[BaseException], None] | None) -> None:
+        try:
+            served = load()
+            engine = _ENGINES[served.family](served, self.metrics, max_batch=self.max_batch, max_queue=self.max_queue)  # type: ignore[call-arg]
+            engine.start()
+            self.engine, self.served = engine, served
+            log.info("model %s (%s) loaded", served.name, served.family)
+        except BaseException as e:  # noqa: BLE001 (reported on /health and to the caller)
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.error("the model failed to load: %s", self.load_error)
+            if on_error is not None:
+                on_error(e)
+
+    def need(self, path: str) -> tuple[ServedModel, Worker]:
+        """The model and engine for ``path``; 503 while loading or after a failed load, 404 for another family's endpoint."""
+        if self.load_error is not None:
+            raise APIError(503, f"the model failed to load: {self.load_error}", type="server_error", code="model_load_failed")
+        if self.served is None or self.engine is None:
+            raise APIError(503, "the model is still loading; retry in a moment", type="server_error", code="model_loading")
+        if path not in ENDPOINTS[self.served.family]:
+            raise APIError(404, f"{path} is not served for a {self.served.family} model; this server offers {ENDPOINTS[self.served.family]}",
+                           code="unsupported_endpoint")
+        return self.served, self.engine
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+
+
+def create_app(
+    load: Callable[[], ServedModel],
+    *,
+    max_batch: int = 8,
+    max_queue: int = 64,
+    max_body_bytes: int = 1 << 20,
+    on_load_error: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The app; ``load`` returns the model (see :func:`aiayn.serve.loading.load_served_model`) and runs
+    once, on a thread, when the app starts. ``max_batch`` rows share a step; ``max_queue`` requests may
+    wait (then 429); a body over ``max_body_bytes`` gets 413."""
+    metrics = ServerMetrics()
+    state = ServerState(metrics, max_batch=max_batch, max_queue=max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        threading.Thread(target=state.load, args=(load, on_load_error), name="aiayn-load", daemon=True).start()
+        yield
+        await asyncio.to_thread(state.stop)
+
+    app = FastAPI(title="aiayn serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    known = {"/", "/health", "/metrics", "/v1/models", *(p for paths in ENDPOINTS.values() for p in paths)}
+    app.add_middleware(BodyLimitAndMetrics, limit=max_body_bytes, metrics=metrics, endpoints=known)
+    _add_error_handlers(app)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(resources.files("aiayn.serve").joinpath("page.html").read_text(encoding="utf-8"))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        served, _ = state.need(_any_endpoint(state))
+        return {"status": "ok", "model": served.name, "family": served.family}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        served, _ = state.need(_any_endpoint(state))
+        return {"object": "list", "data": [{
+            "id": served.name, "object": "model", "created": state.created, "owned_by": "aiayn",
+            "family": served.family, "context_length": served.config.max_len, "endpoints": ENDPOINTS[served.family],
+        }]}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> Any:
+        served, engine = state.need("/v1/completions")
+        checks.check_model_name(body.model, served)
+        job = _submit(engine, checks.completion(body, served), len(_as_list(body.prompt)))
+        make = _completion_maker(served.name, "text_completion", "cmpl")
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return await _respond(job, make, body.stream, include_usage)
+
+    @app.post("/v1/translations", response_model=None)
+    async def translations(body: TranslationRequest) -> Any:
+        served, engine = state.need("/v1/translations")
+        checks.check_model_name(body.model, served)
+        job = _submit(engine, checks.translation(body, served), len(_as_list(body.text)))
+        return await _respond(job, _completion_maker(served.name, "translation", "tr"), body.stream, body.stream)
+
+    @app.post("/v1/classifications")
+    async def classifications(body: ClassificationRequest) -> dict[str, Any]:
+        served, engine = state.need("/v1/classifications")
+        checks.check_model_name(body.model, served)
+        results = await _collect(_submit(engine, checks.classification(body, served), len(_as_list(body.input))))
+        return {"object": "list", "model": served.name, "data": [{"object": "classification", "index": i, **r} for i, r in enumerate(results)]}
+
+    @app.post("/v1/fill-mask")
+    async def fill_mask(body: FillMaskRequest) -> dict[str, Any]:
+        served, engine = state.need("/v1/fill-mask")
+        checks.check_model_name(body.model, served)
+        results = await _collect(_submit(engine, checks.fill_mask_request(body, served), len(_as_list(body.input))))
+        return {"object": "list", "model": served.name, "data": [{"object": "fill_mask", "index": i, **r} for i, r in enumerate(results)]}
+
+    @app.post("/v1/attention", response_class=HTMLResponse)
+    async def attention(body: AttentionRequest) -> HTMLResponse:
+        served, _ = state.need("/v1/attention")
+        checks.check_model_name(body.model, served)
+        return HTMLResponse(await asyncio.to_thread(_explorer, served, body.text, body.target))
+
+    return app
+
+
+def _any_endpoint(state: ServerState) -> str:
+    return ENDPOINTS[state.served.family][0] if state.served is not None else "/health"
+
+
+def _as_list(given: str | list[str]) -> list[str]:
+    return [given] if isinstance(given, str) else given
+
+
+def _submit(engine: Worker, payload: Any, n_outputs: int) -> Job:
+    return engine.submit(Job(payload, n_outputs, asyncio.get_running_loop()))
+
+
+async def _collect(job: Job) -> list[dict[str, Any]]:
+    """Wait for every output of ``job``; raise its error. A cancelled handler cancels the job."""
+    results: dict[int, dict[str, Any]] = {}
+    try:
+        while len(results) < job.n_outputs:
+            event = await job.events.get()
+            if event[0] == ERROR:
+                raise event[1]
+            if event[0] == DONE:
+                results[event[1]] = event[2]
+    finally:
+        job.cancel()
+    return [results[i] for i in range(job.n_outputs)]
+
+
+def _completion_maker(model: str, kind: str, prefix: str) -> Callable[..., dict[str, Any]]:
+    """Builds OpenAI-shaped bodies: ``make(choices, usage=None)`` with one id and timestamp per request."""
+    ident, created = f"{prefix}-{uuid.uuid4().hex}", int(time.time())
+
+    def make(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": ident, "object": kind, "created": created, "model": model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+    return make
+
+
+def _usage(results: list[dict[str, Any]]) -> dict[str, int]:
+    prompt = sum(r["prompt_tokens"] for r in results)
+    completion = sum(r["completion_tokens"] for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+
+async def _respond(job: Job, make: Callable[..., dict[str, Any]], stream: bool, include_usage: bool) -> Any:
+    if not stream:
+        results = await _collect(job)
+        return make([_choice(i, r["text"], r["finish_reason"]) for i, r in enumerate(results)], _usage(results))
+    try:
+        first = await job.events.get()  # wait for the first event, so a failed prefill is still a proper 500
+    except BaseException:
+        job.cancel()
+        raise
+    if first[0] == ERROR:
+        job.cancel()
+        raise first[1]
+    return StreamingResponse(_sse(job, first, make, include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _sse(job: Job, event: tuple[Any, ...], make: Callable[..., dict[str, Any]], include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per piece of text, one with each choice's ``finish_reason``, then ``[DONE]``.
+    When the client goes away the generator is closed, and ``finally`` frees the job's batch rows at once."""
+    results: dict[int, dict[str, Any]] = {}
+    try:
+        while True:
+            if event[0] == ERROR:
+                yield f"data: {json.dumps(event[1].body())}\n\n"
+                break
+            if event[0] == TOKEN:
+                yield f"data: {json.dumps(make([_choice(event[1], event[2], None)]))}\n\n"
+            elif event[0] == DONE:
+                results[event[1]] = event[2]
+                yield f"data: {json.dumps(make([_choice(event[1], '', event[2]['finish_reason'])]))}\n\n"
+                if len(results) == job.n_outputs:
+                    if include_usage:
+                        yield f"data: {json.dumps(make([], _usage(list(results.values()))))}\n\n"
+                    break
+            event = await job.events.get()
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancel()
+
+
+def _explorer(served: ServedModel, text: str, target: str | None) -> str:
+    from aiayn.viz.attention import collect_attention
+    from aiayn.viz.explorer import explorer_html
+
+    try:
+        views, target = collect_attention(served.model, served.src_tokenizer, text, target=target, tgt_tokenizer=served.tgt_tokenizer)
+    except ValueError as e:
+        raise APIError(400, str(e), param="text") from None
+    return explorer_html(views, title=f"attention of {served.name}", subtitle=f"{text} → {target}" if target else text)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(_validation_body(exc.errors()), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
+        return JSONResponse(error_body(message, "invalid_request_error", None, code), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error", None, "internal_error"), status_code=500)
+
+
+def _validation_body(errors: Any) -> dict[str, Any]:
+    """The first pydantic error as an OpenAI error: the field, the value and the rule (the limit)."""
+    error = list(errors)[0]
+    loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+    kind = error.get("type", "")
+    if kind in ("json_invalid", "json_type"):
+        detail = error.get("ctx", {}).get("error", error.get("msg", ""))
+        return error_body(f"malformed JSON in the request body: {detail}", "invalid_request_error", None, "invalid_json")
+    field = loc[0] if loc else None
+    path = ".".join(loc) if loc else "body"
+    if kind == "extra_forbidden":
+        message = f"unknown field {path!r}: this endpoint does not take it"
+    elif kind == "missing":
+        message = f"{path} is required"
+    else:
+        message = f"{path}={error.get('input')!r}: {error.get('msg')}"
+    return error_body(message, "invalid_request_error", field, "invalid_value" if kind != "extra_forbidden" else "unknown_field")

@@ -1,0 +1,54 @@
+"""Loading the served model: the ONE place the server turns a directory into a model and tokenizers.
+
+Today this is :func:`aiayn.pretrained.load_pretrained` plus ``model.to(dtype)``; when ``aiayn.load``
+lands it replaces the body of :func:`load_served_model` and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aiayn.models.config import TransformerConfig
+from aiayn.pretrained import load_pretrained
+from aiayn.tokenization.base import Tokenizer
+
+__all__ = ["ServedModel", "load_served_model", "DTYPES"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ServedModel:
+    """What the server needs: the model (eval mode), its config, tokenizers, and the name it is served under."""
+
+    model: nn.Module
+    config: TransformerConfig
+    src_tokenizer: Tokenizer
+    tgt_tokenizer: Tokenizer
+    name: str
+
+    @property
+    def family(self) -> str:
+        return self.config.family
+
+
+def load_served_model(
+    checkpoint: str | os.PathLike[str], *, dtype: str = "float32", device: str = "cpu", name: str | None = None
+) -> ServedModel:
+    """Load a model directory, checkpoint or run directory for serving, in ``dtype`` on ``device``.
+
+    Raises ``ValueError`` for an unknown ``dtype`` or a model saved without tokenizers (text cannot be
+    encoded), ``FileNotFoundError`` when there is nothing at ``checkpoint``.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    loaded = load_pretrained(checkpoint, device=device)
+    if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
+        raise ValueError(f"checkpoint {checkpoint} holds no tokenizer, so the server could not encode text")
+    model = loaded.model.to(DTYPES[dtype]).eval()
+    return ServedModel(model, loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer, name or Path(checkpoint).resolve().name)
