@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
-from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble
+from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, precision_options
 from aiayn.config_io import load_yaml
 from aiayn.data import load_multi30k, load_sst2, load_tinyshakespeare
 from aiayn.decoding.beam import BeamConfig
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    members = [load_pretrained(path, device=args.device) for path in args.checkpoint]
+    members = [load_pretrained(path, device=args.device, **precision_options(args)) for path in args.checkpoint]
     loaded = members[0]
     check_ensemble(members)
     models = [m.model for m in members]
