@@ -11,7 +11,7 @@ from typing import Any
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER
-from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, saved_train_config
+from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, precision_options, saved_train_config
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation.held_out import HELD_OUT_SPLITS, NATURAL_TASK, evaluate_held_out
 from aiayn.pretrained import Pretrained, load_pretrained
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    members = [load_pretrained(path, device=args.device) for path in args.checkpoint]
+    members = [load_pretrained(path, device=args.device, **precision_options(args)) for path in args.checkpoint]
     loaded = members[0]
     check_ensemble(members)
     if args.limit is not None and args.limit < 1:

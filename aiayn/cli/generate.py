@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_range, load_checkpoint
-from aiayn.decoding.adapters import CausalLMDecoder
+from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_compile, check_range, load_checkpoint
+from aiayn.decoding.static import StaticCausalLMDecoder
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.decoding.streaming import stream_text
 from aiayn.models.decoder_only import DecoderOnly
@@ -18,7 +18,7 @@ HELP = "continue a prompt with a decoder-only checkpoint (sampling or greedy), s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_checkpoint_arguments(parser)
+    add_checkpoint_arguments(parser, compile=True)
     parser.add_argument("--prompt", required=True, help="text to continue (empty: start from BOS)")
     parser.add_argument("--max-new-tokens", type=int, required=True, help="tokens to generate at most")
     parser.add_argument("--min-new-tokens", type=int, default=0, help="tokens before EOS is allowed (default: 0)")
@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     check_range("generate", args, "repetition_penalty", 0.0, float("inf"), "> 0 (1 = off)")
     if any(not stop for stop in args.stop):
         raise SystemExit("aiayn generate: --stop must not be empty, got ''")
+    if args.compile:
+        check_compile("generate")
     loaded, tokenizer, _ = load_checkpoint("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, greedy=args.greedy,
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt) or [BOS_ID]
     ids = torch.tensor([prompt], device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
-    pieces = stream_text(CausalLMDecoder(loaded.model), ids, None, config, detokenize=tokenizer.decode, generator=generator)  # type: ignore[arg-type]
+    decoder = StaticCausalLMDecoder(loaded.model, compile=args.compile)  # type: ignore[arg-type]
+    pieces = stream_text(decoder, ids, None, config, detokenize=tokenizer.decode, generator=generator)  # type: ignore[arg-type]
     try:
         first = next(pieces, "")  # the prefill: a bad length fails here, before anything is printed
     except ValueError as e:

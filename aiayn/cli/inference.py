@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from aiayn.inference.precision import DTYPES
+from aiayn.inference.quantization import QUANTIZATIONS
 from aiayn.pretrained import Pretrained, load_pretrained
 from aiayn.tokenization.base import Tokenizer
 
@@ -18,12 +20,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_checkpoint_arguments", "load_checkpoint", "load_ensemble", "check_ensemble", "read_texts",
-    "check_at_least", "check_range", "batches", "saved_train_config",
+    "check_at_least", "check_range", "batches", "saved_train_config", "add_precision_arguments", "precision_options",
+    "check_compile",
 ]
 
 
-def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
-    """``--checkpoint DIR`` and ``--device``; with ``ensemble``, ``--checkpoint`` may be repeated (a list)."""
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool = False, compile: bool = False) -> None:
+    """``--checkpoint DIR``, ``--device`` and the precision flags; with ``ensemble``, ``--checkpoint`` may be
+    repeated (a list); with ``compile``, ``--compile`` too."""
     help_text = "a saved model directory, a training checkpoint, or a run directory (its newest checkpoint)"
     if ensemble:
         parser.add_argument("--checkpoint", required=True, action="append", metavar="DIR",
@@ -31,6 +35,38 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool 
     else:
         parser.add_argument("--checkpoint", required=True, metavar="DIR", help=help_text)
     parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
+    add_precision_arguments(parser, compile=compile)
+
+
+def add_precision_arguments(parser: argparse.ArgumentParser, *, compile: bool = False) -> None:
+    """The shared inference flags: ``--dtype``, ``--quantize`` (every command that loads a model) and,
+    with ``compile``, ``--compile`` (commands that decode token by token)."""
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                        help="cast the weights once at load (default: float32 as saved)")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, default=None,
+                        help="int8: int8 weight-only Linear layers with per-channel scales (default: none)")
+    if compile:
+        parser.add_argument("--compile", action="store_true",
+                            help="torch.compile the one-token decode step over a static KV cache")
+
+
+def precision_options(args: argparse.Namespace) -> dict[str, str | None]:
+    """``dtype`` and ``quantize`` for :func:`~aiayn.pretrained.load_pretrained` from the parsed flags."""
+    return {"dtype": getattr(args, "dtype", None), "quantize": getattr(args, "quantize", None)}
+
+
+def check_compile(command: str) -> None:
+    """Exit naming ``--compile`` unless ``torch.compile`` works here (compiles a one-line function)."""
+    import torch
+
+    try:
+        torch.compile(lambda x: x * 2 + 1, fullgraph=True)(torch.ones(2))
+    except Exception as e:  # noqa: BLE001 -- any failure of the toolchain means "cannot compile here"
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise SystemExit(
+            f"aiayn {command}: --compile: torch {torch.__version__} cannot compile here ({first}); "
+            "run without --compile (accepted: the flag given on a machine where torch.compile works, or absent)"
+        ) from None
 
 
 def load_checkpoint(
@@ -41,7 +77,7 @@ def load_checkpoint(
     """
     path = args.checkpoint if path is None else path
     try:
-        loaded = load_pretrained(path, device=args.device)
+        loaded = load_pretrained(path, device=args.device, **precision_options(args))
     except (OSError, ValueError, RuntimeError) as e:
         raise SystemExit(f"aiayn {command}: --checkpoint {path}: {e}") from None
     if not isinstance(loaded.model, family):

@@ -13,6 +13,7 @@ from aiayn.cli import classify, fill_mask, generate, translate
 from aiayn.cli import convert, demo, evaluate
 from aiayn.cli import average, plot
 from aiayn.cli import serve
+from aiayn.cli import quantize
 
 # name -> (help line, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "convert": (convert.HELP, convert.add_arguments, convert.run),
     "evaluate": (evaluate.HELP, evaluate.add_arguments, evaluate.run),
     "serve": (serve.HELP, serve.add_arguments, serve.run),
+    "quantize": (quantize.HELP, quantize.add_arguments, quantize.run),
 }
 
 

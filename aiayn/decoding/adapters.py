@@ -98,7 +98,9 @@ class CausalLMDecoder:
     """Decode a :class:`DecoderOnly`: ``start(prompt (B, P), mask (B, P), max_new_tokens=N)``.
 
     Prompts must be left-padded (see :func:`~aiayn.decoding.protocol.left_pad`); ``mask`` defaults
-    to ``ids != pad_id``.
+    to ``ids != pad_id``. With learned positions, a sequence longer than ``max_len`` keeps going on
+    its last ``max_len`` tokens (nanoGPT's crop): every position then shifts at each step, so the
+    window is re-encoded from scratch (cached keys would hold the old positions).
     """
 
     def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False) -> None:
@@ -109,6 +111,7 @@ class CausalLMDecoder:
         # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
         # scores depend only on distances, which left padding does not change.
         self._column_positions = model.positions.kind in ("alibi", "none")
+        self._window = _position_limit(model.positions)  # learned positions: a sliding window of max_len
 
     @property
     def vocab_size(self) -> int:
@@ -130,9 +133,7 @@ class CausalLMDecoder:
             mask = torch.ones_like(ids, dtype=torch.bool)
         elif prompt_len > 1 and not bool((mask[:, 1:] >= mask[:, :-1]).all()):
             raise ValueError("prompts must be left-padded (mask False only before a row's first token); use left_pad()")
-        longest = int(mask.sum(dim=1).max())
-        limit = _position_limit(model.positions)
-        _check_max_new(max_new_tokens, None if limit is None else limit - longest + 1, "the learned positions after the prompt")
+        _check_max_new(max_new_tokens, None, "")
         cache = None
         if self.use_cache:
             cache = model.new_cache(max_len=prompt_len + max_new_tokens if self.static_cache else None)
@@ -140,12 +141,16 @@ class CausalLMDecoder:
             tokens=ids, mask=mask, max_new_tokens=torch.full((batch,), max_new_tokens, device=ids.device),
             pads=(~mask).sum(dim=1), cache=cache,
         )
+        if self._outgrows_window(state):
+            return state, self._encode_window(state)
         logits = model(ids, self._pad_mask(state), cache=cache, offset=self._offset(state, 0))
         return state, logits[:, -1]
 
     @torch.no_grad()
     def step(self, tokens: Tensor, state: DecodeState) -> Tensor:
         state.append(tokens)
+        if self._outgrows_window(state):
+            return self._encode_window(state)
         if state.cache is not None:
             column = state.tokens.shape[1] - 1
             logits = self.model(tokens[:, None], self._pad_mask(state), cache=state.cache, offset=self._offset(state, column))
@@ -155,6 +160,18 @@ class CausalLMDecoder:
 
     def reorder(self, state: DecodeState, index: Tensor) -> None:
         state.select(index)
+
+    def _outgrows_window(self, state: DecodeState) -> bool:
+        """Whether the longest row no longer fits the learned positions (a host read, learned positions only)."""
+        return self._window is not None and state.tokens.shape[1] - int(state.pads.min()) > self._window
+
+    def _encode_window(self, state: DecodeState) -> Tensor:
+        """Logits ``(B, V)`` of the last ``max_len`` columns, encoded from scratch (positions from 0 again)."""
+        state.cache = None  # from here on every step re-encodes its window
+        ids, mask = state.tokens[:, -self._window :], state.mask[:, -self._window :]  # type: ignore[operator]
+        pads = (~mask).sum(dim=1)  # (B,) padding left inside the window
+        offset: int | Tensor = -pads if bool(pads.any()) else 0
+        return self.model(ids, mask, offset=offset)[:, -1]
 
     def _pad_mask(self, state: DecodeState) -> Tensor | None:
         # Explicit without a cache: the model would otherwise guess padding from pad_id, and a

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["LayerCache", "KVCache"]
+__all__ = ["LayerCache", "KVCache", "StaticLayerCache", "StaticKVCache"]
 
 
 class LayerCache:
@@ -70,3 +70,47 @@ class KVCache:
         """Keep batch rows ``index`` in every layer."""
         for cache in self.self_attn + (self.cross_attn or []):
             cache.reorder(index)
+
+
+class StaticLayerCache:
+    """Keys and values of one self-attention layer in fixed ``(B, Hkv, S_max, D)`` buffers (gpt-fast).
+
+    ``append`` writes the new step at the columns in ``write_at`` (a tensor set by the caller
+    before each forward) and returns the whole buffers, so every step has the same shapes (one
+    ``torch.compile`` graph for all steps); the caller's mask hides the columns not written yet.
+    """
+
+    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, *, dtype: torch.dtype, device: torch.device) -> None:
+        self.k = torch.zeros(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.write_at = torch.zeros(1, dtype=torch.long, device=device)  # (T,) columns of the next append
+
+    filled = True  # never a cross-attention cache: the property only matters there
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``k, v (B, Hkv, T, D)`` at columns ``write_at (T,)``; return the full buffers."""
+        self.k.index_copy_(2, self.write_at, k.to(self.k.dtype))
+        self.v.index_copy_(2, self.write_at, v.to(self.v.dtype))
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        self.k = self.k.index_select(0, index)
+        self.v = self.v.index_select(0, index)
+
+
+class StaticKVCache:
+    """The static caches of a decoder-only stack; ``write_at`` is shared by every layer."""
+
+    def __init__(self, n_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, *, dtype: torch.dtype, device: torch.device) -> None:
+        self.max_len = max_len
+        self.self_attn = [StaticLayerCache(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.cross_attn = None
+
+    def set_write_columns(self, columns: Tensor) -> None:
+        """Where the next forward's ``T`` tokens go, ``columns (T,)``, in every layer."""
+        for layer in self.self_attn:
+            layer.write_at = columns
+
+    def reorder(self, index: Tensor) -> None:
+        for layer in self.self_attn:
+            layer.reorder(index)

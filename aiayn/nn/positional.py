@@ -90,7 +90,7 @@ class SinusoidalPositions(PositionalEncoding):
         self.register_buffer("table", sinusoid_table(max_len, d_model), persistent=False)
 
     def embed(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        end = _last_position(offset, x.shape[1]) + 1
+        end = 0 if torch.compiler.is_compiling() else _last_position(offset, x.shape[1]) + 1  # compiled: grown before
         if end > self.table.shape[0]:
             self.table = sinusoid_table(max(end, 2 * self.table.shape[0]), self.d_model).to(x.device)
         return x + _lookup(self.table, offset, x.shape[1]).to(x.dtype)
@@ -108,7 +108,8 @@ class LearnedPositions(PositionalEncoding):
         nn.init.normal_(self.weight, std=0.02)
 
     def embed(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        end = _last_position(offset, x.shape[1]) + 1
+        # A compiled graph cannot read the range back; the static decoder checks it before compiling.
+        end = 0 if torch.compiler.is_compiling() else _last_position(offset, x.shape[1]) + 1
         if end > self.max_len:
             raise ValueError(
                 f"sequence of length {end} is longer than the learned positions' max_len={self.max_len}"

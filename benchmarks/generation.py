@@ -1,0 +1,349 @@
+"""How fast do we generate, against Hugging Face ``generate`` on the same weights? Tokens/s of greedy
+decoding on a GPT-2-small-shaped decoder-only model, and sentences/s of beam search (beam 4) on a
+Marian-shaped encoder-decoder, in one process, rounds interleaved, medians reported.
+
+Decoder-only variants (``--variants``): ours in fp32 over the static KV cache (``ours-fp32``), the
+same over the dynamic (growing) cache (``ours-fp32-dynamic``), with bf16 weights (``ours-bf16``),
+with int8 weight-only Linear layers (``ours-int8``), compiled (``ours-*-compiled``), without a
+cache (``ours-fp32-uncached``); Hugging Face ``GPT2LMHeadModel.generate`` in fp32 (``hf-fp32``) and
+with bf16 weights (``hf-bf16``). Weights are random (no download), built as ``GPT2LMHeadModel`` and
+imported with ``aiayn.interop.load_hf``; prompts are random ids, every row of a batch as long as
+the others; every variant generates exactly ``--new-tokens`` tokens (no EOS).
+
+The bandwidth bound: at batch 1 every step reads every weight once, so tokens/s cannot exceed
+(copy bandwidth) / (bytes of the weights read per token); the copy bandwidth is measured in the same
+run (``dst.copy_(src)`` of 256 MiB, read + written bytes over time).
+
+    python benchmarks/generation.py                                   # everything (long on 2 cores)
+    python benchmarks/generation.py --batches 1 --threads 2 --rounds 3
+    python benchmarks/generation.py --variants ours-bf16,hf-fp32 --profile ours-bf16
+    python benchmarks/generation.py --quick                            # tiny shapes in seconds (smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
+from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
+from aiayn.decoding.static import StaticCausalLMDecoder
+from aiayn.inference import Int8Linear, cast_model, quantize_int8
+from aiayn.interop.hf import load_hf
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layers: int
+    n_heads: int
+    d_model: int
+    vocab_size: int
+    n_positions: int
+
+
+GPT2 = Shape(n_layers=12, n_heads=12, d_model=768, vocab_size=50257, n_positions=1024)
+QUICK_GPT = Shape(n_layers=2, n_heads=2, d_model=64, vocab_size=512, n_positions=64)
+MARIAN = dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=58101)  # opus-mt-de-en's sizes
+QUICK_MARIAN = dict(d_model=32, layers=2, heads=2, ffn=64, vocab=128)
+
+VARIANTS = (
+    "ours-fp32", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-bf16-compiled",
+    "ours-int8-compiled", "ours-fp32-uncached", "hf-fp32", "hf-bf16",
+)
+DEFAULT_VARIANTS = ("ours-fp32", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-fp32-uncached", "hf-fp32", "hf-bf16")
+# The issue's targets: (variant, batch) -> (peer variant, ratio)
+TARGETS = {
+    ("ours-fp32", 1): ("hf-fp32", 1.2), ("ours-bf16", 1): ("hf-fp32", 2.0), ("ours-int8", 1): ("hf-fp32", 3.0),
+    ("ours-fp32", 8): ("hf-fp32", 1.5), ("ours-bf16", 8): ("hf-bf16", 1.5), ("ours-int8", 8): ("hf-fp32", 1.5),
+}
+
+
+# --------------------------------------------------------------------------- models
+
+
+def gpt2_pair(shape: Shape, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """(ours, peer): a random ``GPT2LMHeadModel`` and its import, both in eval mode."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    peer = GPT2LMHeadModel(GPT2Config(
+        n_layer=shape.n_layers, n_head=shape.n_heads, n_embd=shape.d_model, vocab_size=shape.vocab_size,
+        n_positions=shape.n_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=shape.vocab_size - 1, eos_token_id=shape.vocab_size - 1,
+    )).eval()
+    return load_hf(peer).model.eval(), peer
+
+
+def marian_pair(sizes: dict, seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    """(ours, peer): a random ``MarianMTModel`` (6+6 layers, d_model 512 by default) and its import."""
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(seed)
+    peer = MarianMTModel(MarianConfig(
+        vocab_size=sizes["vocab"], d_model=sizes["d_model"], encoder_layers=sizes["layers"], decoder_layers=sizes["layers"],
+        encoder_attention_heads=sizes["heads"], decoder_attention_heads=sizes["heads"], encoder_ffn_dim=sizes["ffn"],
+        decoder_ffn_dim=sizes["ffn"], max_position_embeddings=512, pad_token_id=0, eos_token_id=2,
+        decoder_start_token_id=0, forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )).eval()
+    return load_hf(peer).model.eval(), peer
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the Linear weights (and int8 scales, biases) a decoding step reads once per token."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, Int8Linear)) or type(module).__name__ == "Conv1D":  # HF GPT-2's Linear
+            total += sum(t.numel() * t.element_size() for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)))
+    return total
+
+
+def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of ``dst.copy_(src)`` (read + write), the best of ``repeats``."""
+    src = torch.ones(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * 4 / best
+
+
+# --------------------------------------------------------------------------- runners
+
+
+def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str], new_tokens: int) -> dict[str, tuple[Callable[[Tensor], Tensor], nn.Module]]:
+    """name -> (ids (B, P) -> generated (B, N), the model it reads), for the variants asked for."""
+    config = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_id=None)
+    models: dict[str, nn.Module] = {"fp32": ours}
+    if any("bf16" in n and n.startswith("ours") for n in names):
+        models["bf16"] = cast_model(copy.deepcopy(ours), torch.bfloat16)
+    if any("int8" in n for n in names):
+        models["int8"] = quantize_int8(copy.deepcopy(ours))
+    peer_bf16 = copy.deepcopy(peer).to(torch.bfloat16) if "hf-bf16" in names else None
+
+    def ours_with(decoder: object) -> Callable[[Tensor], Tensor]:
+        return lambda ids: generate(decoder, ids, None, config).tokens  # type: ignore[arg-type]
+
+    def hf_with(model: nn.Module) -> Callable[[Tensor], Tensor]:
+        def run(ids: Tensor) -> Tensor:
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                     min_new_tokens=new_tokens, do_sample=False, num_beams=1, pad_token_id=0)
+            return out[:, ids.shape[1]:]
+        return run
+
+    runners: dict[str, tuple[Callable[[Tensor], Tensor], nn.Module]] = {}
+    for name in names:
+        if name.startswith("hf-"):
+            model = peer if name == "hf-fp32" else peer_bf16
+            runners[name] = (hf_with(model), model)  # type: ignore[arg-type]
+            continue
+        model = models[name.split("-")[1]]
+        if name.endswith("-dynamic"):
+            decoder: object = CausalLMDecoder(model)
+        elif name.endswith("-uncached"):
+            decoder = CausalLMDecoder(model, use_cache=False)
+        else:
+            decoder = StaticCausalLMDecoder(model, compile=name.endswith("-compiled"))
+        runners[name] = (ours_with(decoder), model)
+    return runners
+
+
+def leading_agreement(tokens: Tensor, reference: Tensor) -> int:
+    """How many leading steps agree in every row."""
+    same = (tokens == reference).all(dim=0).long()  # (N,)
+    return int(same.cumprod(0).sum())
+
+
+def interleaved(runners: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds per call of each runner, ``rounds`` times, the order rotated every round."""
+    names = list(runners)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            runners[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+# --------------------------------------------------------------------------- the two benchmarks
+
+
+@dataclass(frozen=True)
+class Row:
+    batch: int
+    threads: int
+    variant: str
+    tokens_per_s: float
+    agree: int
+    bound_tokens_per_s: float | None
+    rates: tuple[float, ...]
+
+
+def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threads: int, bandwidth: float) -> list[Row]:
+    torch.set_num_threads(threads)
+    ours, peer = gpt2_pair(shape)
+    runners = decoder_only_runners(ours, peer, args.variants, args.new_tokens)
+    torch.manual_seed(1)
+    ids = torch.randint(1, shape.vocab_size - 1, (batch, args.prompt))
+    outputs = {name: run(ids) for name, (run, _) in runners.items()}  # warm-up (and compilation), and the tokens
+    reference = outputs.get("hf-fp32")
+    if reference is not None and "ours-fp32" in outputs and not torch.equal(outputs["ours-fp32"], reference):
+        logging.warning("ours-fp32 tokens differ from hf-fp32: %d leading steps agree", leading_agreement(outputs["ours-fp32"], reference))
+    times = interleaved({n: (lambda run=run: run(ids)) for n, (run, _) in runners.items()}, args.rounds)
+    rows = []
+    for name, (_, model) in runners.items():
+        rates = tuple(batch * args.new_tokens / t for t in times[name])
+        agree = leading_agreement(outputs[name], reference) if reference is not None else -1
+        bound = batch * bandwidth / weight_bytes(model) if not name.endswith("-uncached") else None
+        rows.append(Row(batch, threads, name, statistics.median(rates), agree, bound, rates))
+    if args.profile:
+        for name in args.profile:
+            if name in runners:
+                print(profile_table(name, lambda run=runners[name][0]: run(ids)))
+    return rows
+
+
+def profile_table(name: str, fn: Callable[[], object], rows: int = 15) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    return f"\nprofile of {name} (one generate call), by self CPU time:\n{table}"
+
+
+def bench_beam(args: argparse.Namespace, sizes: dict, threads: int) -> tuple[float, float, bool]:
+    """(ours sentences/s, peer sentences/s, same best hypotheses) of beam 4 over ``--beam-sentences`` sources."""
+    torch.set_num_threads(threads)
+    ours, peer = marian_pair(sizes)
+    n_new = args.beam_new_tokens
+    torch.manual_seed(2)
+    src = torch.randint(3, sizes["vocab"], (args.beam_sentences, args.beam_source_len))
+    config = BeamConfig(beam_size=4, length_penalty=1.0, max_new_tokens=n_new, min_new_tokens=n_new, eos_id=2, pad_id=0)
+    decoder = Seq2SeqDecoder(ours, bos_id=0)
+
+    def run_ours() -> list[list[int]]:
+        return [h[0].tokens for h in beam_search(decoder, src, None, config)]
+
+    def run_peer() -> list[list[int]]:
+        with torch.no_grad():
+            out = peer.generate(src, attention_mask=torch.ones_like(src), num_beams=4, max_new_tokens=n_new,
+                                min_new_tokens=n_new, length_penalty=1.0, early_stopping=True, do_sample=False)
+        return [row[1:].tolist() for row in out]  # without the decoder start token
+
+    same = run_ours() == run_peer()
+    times = interleaved({"ours": run_ours, "peer": run_peer}, args.rounds)
+    return (args.beam_sentences / statistics.median(times["ours"]), args.beam_sentences / statistics.median(times["peer"]), same)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def format_rows(rows: Sequence[Row], new_tokens: int) -> str:
+    by_key = {(r.batch, r.threads, r.variant): r for r in rows}
+    lines = [
+        "| batch | threads | variant | tok/s (median) | vs hf-fp32 | vs hf, same dtype | target | leading tokens = hf-fp32 | bandwidth bound tok/s |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for r in rows:
+        base = by_key.get((r.batch, r.threads, "hf-fp32"))
+        same_peer = by_key.get((r.batch, r.threads, "hf-bf16" if "bf16" in r.variant else "hf-fp32"))
+        vs = f"{r.tokens_per_s / base.tokens_per_s:.2f}" if base else "-"
+        vs_same = f"{r.tokens_per_s / same_peer.tokens_per_s:.2f}" if same_peer and r.variant.startswith("ours") else "-"
+        target = "-"
+        if (r.variant, r.batch) in TARGETS:
+            peer_name, want = TARGETS[(r.variant, r.batch)]
+            peer = by_key.get((r.batch, r.threads, peer_name))
+            if peer:
+                got = r.tokens_per_s / peer.tokens_per_s
+                target = f">= {want} x {peer_name}: " + ("met" if got >= want else f"missed by {want - got:.2f} ({got / want:.0%} of it)")
+        bound = f"{r.bound_tokens_per_s:,.1f}" if r.bound_tokens_per_s else "-"
+        agree = f"{r.agree}/{new_tokens}" if r.agree >= 0 else "-"
+        lines.append(f"| {r.batch} | {r.threads} | {r.variant} | {r.tokens_per_s:,.2f} | {vs} | {vs_same} | {target} | {agree} | {bound} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    p.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default: 1,8)")
+    p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (default: 1,2)")
+    p.add_argument("--prompt", type=int, default=16, help="prompt length (default: 16)")
+    p.add_argument("--new-tokens", type=int, default=128, help="greedy tokens per row (default: 128)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds, the median is reported (default: 3)")
+    p.add_argument("--beam", choices=("yes", "no", "only"), default="yes", help="also time Marian-shaped beam search (default: yes)")
+    p.add_argument("--beam-sentences", type=int, default=8, help="sources per beam-search call (default: 8)")
+    p.add_argument("--beam-source-len", type=int, default=16, help="tokens per source (default: 16)")
+    p.add_argument("--beam-new-tokens", type=int, default=32, help="tokens per hypothesis, EOS suppressed before (default: 32)")
+    p.add_argument("--profile", default="", help="comma-separated variants to profile (torch.profiler, one call each)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes, 1 round, few tokens (a smoke test)")
+    args = p.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    args.profile = [v for v in args.profile.split(",") if v]
+    try:
+        args.batches = [int(b) for b in args.batches.split(",")]
+        args.threads = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        p.error(f"--batches and --threads take comma-separated integers, got {args.batches!r}, {args.threads!r}")
+    if min(args.batches) < 1 or min(args.threads) < 1 or args.rounds < 1 or args.new_tokens < 1 or args.prompt < 1:
+        p.error("--batches, --threads, --rounds, --new-tokens and --prompt must be >= 1")
+    if args.quick:
+        args.new_tokens, args.rounds, args.beam_new_tokens, args.beam_sentences = 8, 1, 4, 2
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> tuple[list[Row], list[tuple[int, float, float, bool]]]:
+    args = parse_args(argv)
+    threads_before = torch.get_num_threads()
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, float, bool]]]:
+    shape, sizes = (QUICK_GPT, QUICK_MARIAN) if args.quick else (GPT2, MARIAN)
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {time.strftime('%a %b %d %Y %H:%M UTC', time.gmtime())}")
+    rows: list[Row] = []
+    if args.beam != "only":
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            bandwidth = copy_bandwidth(16 if args.quick else 256)
+            print(f"threads {threads}: copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+            for batch in args.batches:
+                rows += bench_decoder_only(args, shape, batch, threads, bandwidth)
+        print(f"\ndecoder-only, prompt {args.prompt}, {args.new_tokens} greedy tokens, median of {args.rounds} interleaved rounds")
+        print(format_rows(rows, args.new_tokens))
+    beams = []
+    if args.beam != "no":
+        print(f"\nbeam 4, Marian shape ({sizes}), {args.beam_sentences} sources of {args.beam_source_len} tokens, {args.beam_new_tokens} tokens each")
+        print("| threads | ours sent/s | hf sent/s | ours/hf | target >= 1.5 | same best hypotheses |")
+        print("| ---: | ---: | ---: | ---: | --- | --- |")
+        for threads in args.threads:
+            ours, peer, same = bench_beam(args, sizes, threads)
+            ratio = ours / peer
+            verdict = "met" if ratio >= 1.5 else f"missed by {1.5 - ratio:.2f}"
+            print(f"| {threads} | {ours:.3f} | {peer:.3f} | {ratio:.2f} | {verdict} | {same} |")
+            beams.append((threads, ours, peer, same))
+    return rows, beams
+
+
+if __name__ == "__main__":
+    main()
