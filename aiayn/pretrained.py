@@ -25,9 +25,10 @@ from aiayn.checkpoint.directory import CONFIG_FILE, MARKER, MODEL_FILE
 from aiayn.checkpoint.state import resolve_checkpoint
 from aiayn.checkpoint.weights import load_state_dict_checked, read_safetensors, state_dict_to_bytes
 
-__all__ = ["Pretrained", "save_pretrained", "load_pretrained", "model_dir", "MODEL_FILE", "CONFIG_FILE"]
+__all__ = ["Pretrained", "save_pretrained", "load_pretrained", "model_dir", "label_names", "MODEL_FILE", "CONFIG_FILE", "LABELS_FILE"]
 
-_TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json")
+LABELS_FILE = "labels.json"  # {"labels": [name of class 0, name of class 1, ...]}
+_TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json", "hf_tokenizer.json", "spm_tokenizer.json")
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Pretrained:
     src_tokenizer: Tokenizer | None
     tgt_tokenizer: Tokenizer | None
     path: Path
+    labels: list[str] | None = None  # class names, where the directory knows them (see label_names)
 
 
 def save_pretrained(
@@ -104,4 +106,28 @@ def load_pretrained(path: str | os.PathLike[str], *, device: str | torch.device 
     src_tok = tgt_tok = None
     if any((directory / f"{prefix}{name}").is_file() for prefix in ("", "src_") for name in _TOKENIZER_NAMES):
         src_tok, tgt_tok = load_tokenizer_pair(directory)
-    return Pretrained(model, config, src_tok, tgt_tok, directory)
+    return Pretrained(model, config, src_tok, tgt_tok, directory, label_names(directory))
+
+
+def label_names(directory: Path) -> list[str] | None:
+    """The class names a directory knows: ``labels.json`` (classification training writes it), else
+    the ``id2label`` of an imported Hugging Face config (``hf_source.json``)."""
+    file = directory / LABELS_FILE
+    if file.is_file():
+        names = json.loads(file.read_text(encoding="utf-8")).get("labels")
+        return [str(n) for n in names] if isinstance(names, list) else None
+    source = directory / "hf_source.json"
+    if source.is_file():
+        return id2label_names(json.loads(source.read_text(encoding="utf-8")).get("config") or {})
+    return None
+
+
+def id2label_names(hf_config: dict) -> list[str] | None:
+    """A Hugging Face config's ``id2label`` as a list in id order (``None`` without one)."""
+    id2label = hf_config.get("id2label")
+    if not isinstance(id2label, dict) or not id2label:
+        return None
+    try:
+        return [str(id2label[k]) for k in sorted(id2label, key=int)]
+    except (ValueError, TypeError):
+        return None

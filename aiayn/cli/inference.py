@@ -8,7 +8,8 @@ import sys
 
 from torch import nn
 
-from aiayn.pretrained import Pretrained, load_pretrained
+from aiayn.api import load_parts
+from aiayn.pretrained import Pretrained
 from aiayn.tokenization.base import Tokenizer
 
 __all__ = [
@@ -19,7 +20,7 @@ __all__ = [
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
     """``--checkpoint DIR`` and ``--device``; with ``ensemble``, ``--checkpoint`` may be repeated (a list)."""
-    help_text = "a saved model directory, a training checkpoint, or a run directory (its newest checkpoint)"
+    help_text = "a saved model directory, a training checkpoint, a run directory (its newest checkpoint), or a Hugging Face model directory"
     if ensemble:
         parser.add_argument("--checkpoint", required=True, action="append", metavar="DIR",
                             help=help_text + "; repeat it for an ensemble (the models' probabilities are averaged)")
@@ -35,8 +36,9 @@ def load_checkpoint(
     model and tokenizers. ``needs`` completes the sentence "COMMAND needs ..." in the family error.
     """
     path = args.checkpoint if path is None else path
-    try:
-        loaded = load_pretrained(path, device=args.device)
+    try:  # ours, a checkpoint, a run directory, or a Hugging Face directory with its own tokenizer
+        loaded = load_parts(path)
+        loaded.model.to(args.device)
     except (OSError, ValueError, RuntimeError) as e:
         raise SystemExit(f"aiayn {command}: --checkpoint {path}: {e}") from None
     if not isinstance(loaded.model, family):
