@@ -15,7 +15,7 @@ from torch import Tensor
 from aiayn.decoding.protocol import right_pad
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.base import N_SPECIAL, Tokenizer
-from aiayn.tokenization.special import MASK, MASK_ID, special_ids
+from aiayn.tokenization.special import MASK, MASK_ID, sentence_ids, special_ids
 
 __all__ = ["MaskPrediction", "Classification", "fill_mask", "classify", "encode_sentences", "encode_masked_text", "sentence_ids"]
 
@@ -106,17 +106,3 @@ def encode_masked_text(tokenizer: Tokenizer, text: str, *, mask_token: str | Non
             ids.append(mask_id)
         ids.extend(tokenizer.encode(piece) if piece else [])
     return [*ids, sep]
-
-
-def sentence_ids(tokenizer: Tokenizer) -> tuple[int, int, int]:
-    """``(cls, sep, pad)`` of ``tokenizer``: an encoder-only input is ``[CLS] text [SEP]`` padded with pad.
-
-    A tokenizer without ``[CLS]`` / ``[SEP]`` (RoBERTa names them ``<s>`` / ``</s>``) uses BOS / EOS.
-    """
-    specials = special_ids(tokenizer)
-    cls = specials.cls if specials.cls is not None else specials.bos
-    sep = specials.sep if specials.sep is not None else specials.eos
-    if cls is None or sep is None:
-        raise ValueError(f"{getattr(tokenizer, 'source', 'the tokenizer')}: has no [CLS]/[SEP] (nor BOS/EOS) token: "
-                         "an encoder-only input is [CLS] text [SEP]")
-    return cls, sep, specials.pad if specials.pad is not None else 0

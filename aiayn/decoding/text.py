@@ -15,14 +15,14 @@ from torch import Tensor, nn
 
 from aiayn.decoding.adapters import Seq2SeqDecoder
 from aiayn.decoding.beam import BeamConfig, Hypothesis, beam_search
-from aiayn.decoding.encoder_only import Classification, classify, encode_masked_text, encode_sentences, fill_mask, sentence_ids
+from aiayn.decoding.encoder_only import Classification, classify, encode_masked_text, encode_sentences, fill_mask
 from aiayn.decoding.protocol import Decoder, right_pad
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.special import special_ids
+from aiayn.tokenization.special import sentence_ids, special_ids
 
 __all__ = [
     "FilledMask", "seq2seq_decoder", "beam_config", "generation_config", "source_ids", "prompt_ids",

@@ -54,3 +54,18 @@ def special_ids(tokenizer: object) -> SpecialIds:
     """The special ids of ``tokenizer``: its own (``tokenizer.special_ids``) or the library's fixed ones."""
     specials = getattr(tokenizer, "special_ids", None)
     return specials if isinstance(specials, SpecialIds) else DEFAULT_SPECIAL_IDS
+
+
+def sentence_ids(tokenizer: object) -> tuple[int, int, int]:
+    """``(cls, sep, pad)`` of ``tokenizer``: an encoder-only input is ``[CLS] text [SEP]`` padded with pad.
+
+    A tokenizer without ``[CLS]`` / ``[SEP]`` (RoBERTa names them ``<s>`` / ``</s>``) uses BOS / EOS;
+    one without a pad token pads with 0 (the padding mask, not the id, hides it).
+    """
+    specials = special_ids(tokenizer)
+    cls = specials.cls if specials.cls is not None else specials.bos
+    sep = specials.sep if specials.sep is not None else specials.eos
+    if cls is None or sep is None:
+        source = getattr(tokenizer, "source", "the tokenizer")
+        raise ValueError(f"{source}: has no [CLS]/[SEP] (nor BOS/EOS) token: an encoder-only input is [CLS] text [SEP]")
+    return cls, sep, specials.pad if specials.pad is not None else 0
