@@ -13,8 +13,9 @@ from aiayn.models import (  # noqa: E402
     build_model,
     preset,
 )
+from aiayn.api import LoadedModel, load  # noqa: E402
 
 __all__ = [
     "__version__", "build_model", "preset", "PRESETS", "EncoderDecoder", "DecoderOnly", "EncoderOnly",
-    "EncoderDecoderConfig", "DecoderOnlyConfig", "EncoderOnlyConfig",
+    "EncoderDecoderConfig", "DecoderOnlyConfig", "EncoderOnlyConfig", "load", "LoadedModel",
 ]

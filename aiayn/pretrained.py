@@ -29,9 +29,13 @@ from aiayn.checkpoint.weights import load_state_dict_checked, read_safetensors, 
 from aiayn.inference.precision import cast_model, parse_dtype
 from aiayn.inference.quantization import Int8Linear, check_int8_kernel, parse_quantize, quantize_int8
 
-__all__ = ["Pretrained", "save_pretrained", "load_pretrained", "model_dir", "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE"]
+__all__ = [
+    "Pretrained", "save_pretrained", "load_pretrained", "prepare_for_inference", "model_dir", "label_names",
+    "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE", "LABELS_FILE",
+]
 
-_TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json")
+LABELS_FILE = "labels.json"  # {"labels": [name of class 0, name of class 1, ...]}
+_TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json", "hf_tokenizer.json", "spm_tokenizer.json")
 QUANTIZATION_FILE = "quantization.json"
 _INT8_FORMAT = {"method": "int8", "scheme": "weight-only, symmetric, one fp32 scale per output channel"}
 
@@ -45,6 +49,7 @@ class Pretrained:
     src_tokenizer: Tokenizer | None
     tgt_tokenizer: Tokenizer | None
     path: Path
+    labels: list[str] | None = None  # class names, where the directory knows them (see label_names)
 
 
 def save_pretrained(
@@ -125,15 +130,27 @@ def load_pretrained(
         quantize_int8(model)  # the int8 layout, then the stored int8 weights and scales fill it
     state, _ = read_safetensors(directory / MODEL_FILE)
     load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
-    if quantize == "int8" and not stored_int8:
-        quantize_int8(model)  # from the fp32 weights, before any cast
-    if torch_dtype is not None:
-        cast_model(model, torch_dtype)  # once: no step re-casts a weight
-    model.to(device).eval()
+    prepare_for_inference(model, device=device, dtype=torch_dtype, quantize=None if stored_int8 else quantize)
     src_tok = tgt_tok = None
     if any((directory / f"{prefix}{name}").is_file() for prefix in ("", "src_") for name in _TOKENIZER_NAMES):
         src_tok, tgt_tok = load_tokenizer_pair(directory)
-    return Pretrained(model, config, src_tok, tgt_tok, directory)
+    return Pretrained(model, config, src_tok, tgt_tok, directory, label_names(directory))
+
+
+def prepare_for_inference(
+    model: nn.Module,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
+) -> nn.Module:
+    """Quantise (from the fp32 weights), cast once, move and set eval mode: the precision step of every loader."""
+    torch_dtype, quantize = parse_dtype(dtype), parse_quantize(quantize)
+    if quantize == "int8":
+        quantize_int8(model)  # from the fp32 weights, before any cast; checks the kernel
+    if torch_dtype is not None:
+        cast_model(model, torch_dtype)  # once: no step re-casts a weight
+    return model.to(device).eval()
 
 
 def _stored_quantization(directory: Path) -> dict | None:
@@ -149,3 +166,27 @@ def _stored_quantization(directory: Path) -> dict | None:
         got = record.get("method") if isinstance(record, dict) else record
         raise ValueError(f"{file}: method must be 'int8' (the only stored quantisation), got {got!r}")
     return record
+
+
+def label_names(directory: Path) -> list[str] | None:
+    """The class names a directory knows: ``labels.json`` (classification training writes it), else
+    the ``id2label`` of an imported Hugging Face config (``hf_source.json``)."""
+    file = directory / LABELS_FILE
+    if file.is_file():
+        names = json.loads(file.read_text(encoding="utf-8")).get("labels")
+        return [str(n) for n in names] if isinstance(names, list) else None
+    source = directory / "hf_source.json"
+    if source.is_file():
+        return id2label_names(json.loads(source.read_text(encoding="utf-8")).get("config") or {})
+    return None
+
+
+def id2label_names(hf_config: dict) -> list[str] | None:
+    """A Hugging Face config's ``id2label`` as a list in id order (``None`` without one)."""
+    id2label = hf_config.get("id2label")
+    if not isinstance(id2label, dict) or not id2label:
+        return None
+    try:
+        return [str(id2label[k]) for k in sorted(id2label, key=int)]
+    except (ValueError, TypeError):
+        return None

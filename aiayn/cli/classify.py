@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_checkpoint, read_texts, saved_train_config
-from aiayn.decoding.encoder_only import classify, encode_sentences
+from aiayn.decoding.text import classify_texts
 from aiayn.models.encoder_only import EncoderOnly
 
 HELP = "classify texts (arguments, or lines on stdin) with an encoder-only checkpoint; prints LABEL<TAB>PROB<TAB>TEXT"
@@ -27,11 +27,11 @@ def run(args: argparse.Namespace) -> int:
                          f"or use fill-mask")
     texts = read_texts("classify", args.text)
     for chunk in batches(texts, args.batch_size):
-        ids, mask = encode_sentences(tokenizer, chunk)
         try:
-            result = classify(loaded.model, ids.to(args.device), mask.to(args.device))  # type: ignore[arg-type]
+            result = classify_texts(loaded.model, tokenizer, chunk, batch_size=args.batch_size, device=args.device)  # type: ignore[arg-type]
         except ValueError as e:
             raise SystemExit(f"aiayn classify: {e}") from None
+        names = loaded.labels or [str(i) for i in range(result.probs.shape[1])]  # names where the checkpoint knows them
         for text, label, probs in zip(chunk, result.labels.tolist(), result.probs.tolist()):
-            print(f"{label}\t{probs[label]:.4f}\t{text}")
+            print(f"{names[label]}\t{probs[label]:.4f}\t{text}")
     return 0

@@ -1,42 +1,39 @@
-"""``aiayn fill-mask``: the most likely tokens for each ``<mask>`` in a text, with an encoder-only checkpoint."""
+"""``aiayn fill-mask``: the most likely tokens for each mask in a text, with an encoder-only checkpoint."""
 
 from __future__ import annotations
 
 import argparse
 
-import torch
-
 from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_checkpoint
-from aiayn.decoding.encoder_only import encode_masked_text, fill_mask
+from aiayn.decoding.text import fill_mask_text
 from aiayn.models.encoder_only import EncoderOnly
-from aiayn.tokenization.special import MASK
+from aiayn.tokenization.special import MASK, special_ids
 
-HELP = f"predict the tokens hidden by {MASK} in a text with an encoder-only (BERT-style) checkpoint"
+HELP = f"predict the tokens hidden by {MASK} (or the model's own mask, e.g. [MASK]) in a text with an encoder-only checkpoint"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser)
-    parser.add_argument("text", metavar="TEXT", help=f"a text with one or more {MASK}")
+    parser.add_argument("text", metavar="TEXT", help=f"a text with one or more {MASK} (or the tokenizer's own mask token)")
     parser.add_argument("--top-k", type=int, default=5, help="candidates per mask (default: 5)")
 
 
 def run(args: argparse.Namespace) -> int:
     check_at_least("fill-mask", args, "top_k", 1)
-    if MASK not in args.text:
-        raise SystemExit(f"aiayn fill-mask: TEXT must contain {MASK}, got {args.text!r}")
     loaded, tokenizer, _ = load_checkpoint("fill-mask", args, EncoderOnly, "an encoder-only model")
-    ids = encode_masked_text(tokenizer, args.text)
-    batch = torch.tensor([ids], device=args.device)
+    mask_id = special_ids(tokenizer).mask
+    own = tokenizer.id_to_token(mask_id) if mask_id is not None else None
+    if own is None:
+        raise SystemExit(f"aiayn fill-mask: --checkpoint {args.checkpoint}: its tokenizer has no mask token")
+    text = args.text.replace(MASK, own)  # <mask> always works; BERT's [MASK] too
+    if own not in text:
+        spelled = MASK if own == MASK else f"{MASK} or {own}"
+        raise SystemExit(f"aiayn fill-mask: TEXT must contain {spelled}, got {args.text!r}")
     try:
-        predictions = fill_mask(loaded.model, batch, top_k=args.top_k)[0]  # type: ignore[arg-type]
+        result = fill_mask_text(loaded.model, tokenizer, text, top_k=args.top_k, device=args.device)  # type: ignore[arg-type]
     except ValueError as e:
         raise SystemExit(f"aiayn fill-mask: {e}") from None
-    filled = list(ids)
-    for number, prediction in enumerate(predictions, start=1):
-        candidates = ", ".join(
-            f"{tokenizer.id_to_token(token)!r} {prob:.4f}" for token, prob in zip(prediction.token_ids, prediction.probs)
-        )
-        print(f"{MASK} {number}: {candidates}")
-        filled[prediction.position] = prediction.token_ids[0]
-    print(f"filled: {tokenizer.decode(filled)}")
+    for number, candidates in enumerate(result.candidates, start=1):
+        print(f"{MASK} {number}: " + ", ".join(f"{token!r} {prob:.4f}" for token, prob in candidates))
+    print(f"filled: {result.text}")
     return 0

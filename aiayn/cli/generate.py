@@ -9,10 +9,9 @@ import torch
 
 from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_compile, check_range, load_checkpoint
 from aiayn.decoding.static import StaticCausalLMDecoder
-from aiayn.decoding.sampling import GenerationConfig
 from aiayn.decoding.streaming import stream_text
+from aiayn.decoding.text import generation_config, prompt_ids
 from aiayn.models.decoder_only import DecoderOnly
-from aiayn.tokenization.special import BOS_ID
 
 HELP = "continue a prompt with a decoder-only checkpoint (sampling or greedy), streaming to the terminal"
 
@@ -47,13 +46,15 @@ def run(args: argparse.Namespace) -> int:
     if args.compile:
         check_compile("generate")
     loaded, tokenizer, _ = load_checkpoint("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
-    config = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, greedy=args.greedy,
+    config = generation_config(  # EOS and pad: the tokenizer's own (GPT-2: <|endoftext|>)
+        tokenizer, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, greedy=args.greedy,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
         no_repeat_ngram_size=args.no_repeat_ngram_size, stop_strings=tuple(args.stop),
     )
-    prompt = tokenizer.encode(args.prompt) or [BOS_ID]
-    ids = torch.tensor([prompt], device=args.device)
+    try:
+        ids = torch.tensor([prompt_ids(tokenizer, args.prompt)], device=args.device)
+    except ValueError as e:
+        raise SystemExit(f"aiayn generate: --prompt {args.prompt!r}: {e}") from None
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     decoder = StaticCausalLMDecoder(loaded.model, compile=args.compile)  # type: ignore[arg-type]
     pieces = stream_text(decoder, ids, None, config, detokenize=tokenizer.decode, generator=generator)  # type: ignore[arg-type]

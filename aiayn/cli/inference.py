@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from aiayn.api import load_parts
 from aiayn.inference.precision import DTYPES
 from aiayn.inference.quantization import QUANTIZATIONS
-from aiayn.pretrained import Pretrained, load_pretrained
+from aiayn.pretrained import Pretrained
 from aiayn.tokenization.base import Tokenizer
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ __all__ = [
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool = False, compile: bool = False) -> None:
     """``--checkpoint DIR``, ``--device`` and the precision flags; with ``ensemble``, ``--checkpoint`` may be
     repeated (a list); with ``compile``, ``--compile`` too."""
-    help_text = "a saved model directory, a training checkpoint, or a run directory (its newest checkpoint)"
+    help_text = "a saved model directory, a training checkpoint, a run directory (its newest checkpoint), or a Hugging Face model directory"
     if ensemble:
         parser.add_argument("--checkpoint", required=True, action="append", metavar="DIR",
                             help=help_text + "; repeat it for an ensemble (the models' probabilities are averaged)")
@@ -76,8 +77,8 @@ def load_checkpoint(
     model and tokenizers. ``needs`` completes the sentence "COMMAND needs ..." in the family error.
     """
     path = args.checkpoint if path is None else path
-    try:
-        loaded = load_pretrained(path, device=args.device, **precision_options(args))
+    try:  # ours, a checkpoint, a run directory, or a Hugging Face directory with its own tokenizer
+        loaded = load_parts(path, device=args.device, **precision_options(args))
     except (OSError, ValueError, RuntimeError) as e:
         raise SystemExit(f"aiayn {command}: --checkpoint {path}: {e}") from None
     if not isinstance(loaded.model, family):

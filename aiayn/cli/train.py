@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--run-dir", help="where checkpoints and metrics go (default: the config's run_dir)")
     parser.add_argument("--data-dir", help="where the data sets are (default: $AIAYN_DATA_DIR, then the user cache)")
+    parser.add_argument("--init-from", metavar="DIR",
+                        help="start from this model directory (ours or Hugging Face's, with its tokenizer): sets train.init_from")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--resume", metavar="PATH", help="resume from this checkpoint or run directory")
     group.add_argument("--fresh", action="store_true", help="start from scratch (the run directory must hold no checkpoint)")
@@ -32,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"run_dir={args.run_dir}")
     if args.data_dir:
         overrides.append(f"data.data_dir={args.data_dir}")
+    if args.init_from:
+        overrides.append(f"train.init_from={args.init_from}")
     config = apply_overrides(load_yaml(args.config, TrainConfig), overrides)
     resume: bool | str = args.resume or (False if args.fresh else "auto")
     result = train(config, resume=resume)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 
 from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_ensemble, read_texts
-from aiayn.decoding.adapters import Seq2SeqDecoder
 from aiayn.decoding.ensemble import ensemble
-from aiayn.decoding.beam import BeamConfig, beam_search
-from aiayn.decoding.protocol import right_pad
+from aiayn.decoding.text import beam_config, seq2seq_decoder, translate_texts
 from aiayn.models.encoder_decoder import EncoderDecoder
 
 HELP = "translate text (arguments, or lines on stdin) with an encoder-decoder checkpoint; beam 4, alpha 0.6 by default"
@@ -34,16 +32,18 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"aiayn translate: --n-best must be <= --beam-size={args.beam_size}, got {args.n_best}")
     members = load_ensemble("translate", args, EncoderDecoder, "an encoder-decoder model")
     src_tok, tgt_tok = members[0].src_tokenizer, members[0].tgt_tokenizer
-    config = BeamConfig(
-        beam_size=args.beam_size, length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, n_best=args.n_best,
-    )
-    decoder = ensemble([Seq2SeqDecoder(m.model) for m in members])  # type: ignore[arg-type]
+    try:  # the special ids (BOS, EOS, pad) are the tokenizers' own: ours, or a pretrained model's
+        config = beam_config(
+            tgt_tok, beam_size=args.beam_size, length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, n_best=args.n_best,
+        )
+        decoder = ensemble([seq2seq_decoder(m.model, tgt_tok) for m in members])  # type: ignore[arg-type]
+    except ValueError as e:
+        raise SystemExit(f"aiayn translate: --checkpoint {members[0].path}: {e}") from None
     texts = read_texts("translate", args.text)
     index = 0
     for chunk in batches(texts, args.batch_size):
-        ids, mask = right_pad([src_tok.encode(text, add_eos=True) for text in chunk], device=args.device)  # fairseq-style EOS, as in training
-        try:
-            results = beam_search(decoder, ids, mask, config)
+        try:  # the source ends with EOS (fairseq-style, as in training; Marian too)
+            results = translate_texts(decoder, src_tok, tgt_tok, chunk, config, batch_size=args.batch_size, device=args.device)
         except ValueError as e:
             raise SystemExit(f"aiayn translate: {e}") from None
         for hypotheses in results:

@@ -25,6 +25,7 @@ __all__ = [
     "DATASETS",
     "MULTI30K_DIRECTIONS",
     "SST2_LABELS",
+    "SST2_CLASS_NAMES",
     "cache_dir",
     "search_dirs",
     "resolve_files",
@@ -86,6 +87,7 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 SST2_LABELS = ["0", "1"]  # 0 = negative, 1 = positive
+SST2_CLASS_NAMES = ["negative", "positive"]  # what the labels mean, for classify's output
 
 
 def cache_dir() -> Path:

@@ -17,7 +17,7 @@ from aiayn.data.errors import DataError
 from aiayn.data.readers import LabeledText
 from aiayn.nn.masks import padding_mask_from_lengths
 from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.special import CLS_ID, SEP_ID
+from aiayn.tokenization.special import sentence_ids
 
 __all__ = ["SentenceDataset", "ClassificationDataset", "collate_classification"]
 
@@ -39,11 +39,12 @@ class SentenceDataset(Dataset):
         """Tokenize ``texts``; a sequence longer than ``max_len`` (markers included) is handled per
         ``too_long`` (``"error"``, ``"drop"``, ``"truncate"``). Raises ``DataError`` when none is left."""
         ids = tokenizer.encode_batch(texts)
+        cls_id, sep_id, _ = sentence_ids(tokenizer)  # ours (4, 5) or a pretrained tokenizer's (BERT: 101, 102)
         lengths = np.array([len(s) + 2 for s in ids], dtype=np.int64)
         limit = limit_lengths([lengths], max_len, too_long, "sentences")
         cap = max_len or 0  # only read for truncated sentences, which exist only with a max_len
         out = [
-            [CLS_ID, *(ids[i][: cap - 2] if cut else ids[i]), SEP_ID]
+            [cls_id, *(ids[i][: cap - 2] if cut else ids[i]), sep_id]
             for i, cut in zip(limit.keep.tolist(), limit.truncate.tolist())
         ]
         dataset = cls(Ragged.from_lists(out), n_dropped=limit.n_dropped, n_truncated=limit.n_truncated)

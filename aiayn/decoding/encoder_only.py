@@ -15,9 +15,9 @@ from torch import Tensor
 from aiayn.decoding.protocol import right_pad
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.base import N_SPECIAL, Tokenizer
-from aiayn.tokenization.special import CLS_ID, MASK, MASK_ID, PAD_ID, SEP_ID
+from aiayn.tokenization.special import MASK, MASK_ID, sentence_ids, special_ids
 
-__all__ = ["MaskPrediction", "Classification", "fill_mask", "classify", "encode_sentences", "encode_masked_text"]
+__all__ = ["MaskPrediction", "Classification", "fill_mask", "classify", "encode_sentences", "encode_masked_text", "sentence_ids"]
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,13 @@ def fill_mask(
     top_k: int = 5,
     mask_id: int = MASK_ID,
     allow_special: bool = False,
+    special: Sequence[int] | None = None,
 ) -> list[list[MaskPrediction]]:
     """The ``top_k`` candidates for every ``mask_id`` in ``ids (B, T)``: per row, one prediction per mask, left to right.
 
-    Probabilities are over the whole vocabulary; special tokens are not offered as candidates
-    unless ``allow_special``. Raises ``ValueError`` for ``top_k < 1`` or a model without a masked-LM head.
+    Probabilities are over the whole vocabulary; special tokens (``special``, default our ids
+    ``0..6``) are not offered as candidates unless ``allow_special``. Raises ``ValueError`` for
+    ``top_k < 1`` or a model without a masked-LM head.
     """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -62,8 +64,9 @@ def fill_mask(
         is_mask &= pad_mask
     rows, cols = is_mask.nonzero(as_tuple=True)  # (M,), (M,) in row-major order
     probs = model.masked_lm_logits(hidden[rows, cols]).float().softmax(dim=-1)  # (M, V): only the masks
-    ranked = probs if allow_special else probs.index_fill(-1, torch.arange(N_SPECIAL, device=probs.device), -1.0)
-    top = ranked.topk(min(top_k, probs.shape[-1] - (0 if allow_special else N_SPECIAL)), dim=-1)
+    excluded = torch.tensor(list(range(N_SPECIAL)) if special is None else sorted(set(special)), dtype=torch.long, device=probs.device)
+    ranked = probs if allow_special else probs.index_fill(-1, excluded, -1.0)
+    top = ranked.topk(min(top_k, probs.shape[-1] - (0 if allow_special else len(excluded))), dim=-1)
     out: list[list[MaskPrediction]] = [[] for _ in range(ids.shape[0])]
     for row, col, token_ids, token_probs in zip(rows.tolist(), cols.tolist(), top.indices.tolist(), top.values.tolist()):
         out[row].append(MaskPrediction(col, token_ids, token_probs))
@@ -81,19 +84,25 @@ def classify(model: EncoderOnly, ids: Tensor, pad_mask: Tensor | None = None, se
     return Classification(probs.argmax(dim=-1), probs)
 
 
-def encode_sentences(tokenizer: Tokenizer, texts: Sequence[str], *, pad_id: int = PAD_ID) -> tuple[Tensor, Tensor]:
-    """``[CLS] text [SEP]`` for each text, right-padded -> ``(ids (B, T), pad_mask (B, T))``."""
-    return right_pad([[CLS_ID, *tokenizer.encode(text), SEP_ID] for text in texts], pad_id)
+def encode_sentences(tokenizer: Tokenizer, texts: Sequence[str], *, pad_id: int | None = None) -> tuple[Tensor, Tensor]:
+    """``[CLS] text [SEP]`` for each text (the tokenizer's own ids), right-padded with ``pad_id``
+    (default: the tokenizer's) -> ``(ids (B, T), pad_mask (B, T))``."""
+    cls, sep, pad = sentence_ids(tokenizer)
+    return right_pad([[cls, *tokenizer.encode(text), sep] for text in texts], pad if pad_id is None else pad_id)
 
 
-def encode_masked_text(tokenizer: Tokenizer, text: str, *, mask_token: str = MASK) -> list[int]:
-    """``[CLS] text [SEP]`` with every ``mask_token`` (``<mask>``) in ``text`` encoded as ``MASK_ID``.
+def encode_masked_text(tokenizer: Tokenizer, text: str, *, mask_token: str | None = None) -> list[int]:
+    """``[CLS] text [SEP]`` with every ``mask_token`` in ``text`` encoded as the tokenizer's mask id.
 
-    The pieces between masks are encoded separately, so the tokenizer never sees the mask's spelling.
+    ``mask_token`` defaults to the tokenizer's own spelling (``<mask>``, BERT's ``[MASK]``). The
+    pieces between masks are encoded separately, so the tokenizer never sees the mask's spelling.
     """
-    ids = [CLS_ID]
+    cls, sep, _ = sentence_ids(tokenizer)
+    mask_id = special_ids(tokenizer).need("mask", "filling masks")
+    mask_token = mask_token or tokenizer.id_to_token(mask_id) or MASK
+    ids = [cls]
     for i, piece in enumerate(text.split(mask_token)):
         if i:
-            ids.append(MASK_ID)
+            ids.append(mask_id)
         ids.extend(tokenizer.encode(piece) if piece else [])
-    return [*ids, SEP_ID]
+    return [*ids, sep]

@@ -36,7 +36,7 @@ def convert_from_hf(
     """
     _refuse_wrong_side(Path(hf_dir), expect="hf")
     imported = load_hf(hf_dir, architecture=architecture)
-    target = save_pretrained(out_dir, imported.model, imported.tokenizer, overwrite=overwrite)
+    target = save_pretrained(out_dir, imported.model, imported.tokenizer, imported.tgt_tokenizer, overwrite=overwrite)
     source = {
         "architecture": imported.architecture, "config": imported.hf_config, "dropped": imported.dropped,
         "tokenizer_note": imported.tokenizer_note, "from": str(Path(hf_dir).resolve()),

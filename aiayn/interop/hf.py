@@ -19,14 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.interop.common import Architecture, ConfigError
-from aiayn.interop.hf_dir import read_hf_dir, read_hf_tokenizer, write_hf_dir, write_hf_tokenizer
+from aiayn.interop.hf_dir import read_hf_dir, write_hf_dir, write_hf_tokenizer
+from aiayn.interop.hf_tokenizer import check_fits, read_hf_tokenizers
 from aiayn.interop.keymap import KeyMapError, export_tensors, import_tensors, load_into, tied_keys
 from aiayn.interop.registry import ARCHITECTURES, architecture as lookup_architecture
 from aiayn.models.config import TransformerConfig
 from aiayn.models.presets import model_class
 from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.bpe import BPETokenizer
-from aiayn.tokenization.compat import check_tokenizer_fits
 
 __all__ = ["Imported", "Exported", "load_hf", "to_hf", "save_hf", "to_hf_model", "PASSTHROUGH"]
 
@@ -47,10 +46,11 @@ class Imported:
     model: nn.Module
     config: TransformerConfig
     architecture: str
-    tokenizer: BPETokenizer | None = None
+    tokenizer: Tokenizer | None = None
     tokenizer_note: str | None = None
     dropped: list[str] = field(default_factory=list)
     hf_config: dict[str, Any] = field(default_factory=dict)
+    tgt_tokenizer: Tokenizer | None = None  # Marian: target.spm (decodes); else the same object as tokenizer
 
 
 @dataclass
@@ -75,13 +75,13 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
     """
     if isinstance(source, (str, Path)):
         hf_config, tensors = read_hf_dir(source)
-        tokenizer, note = read_hf_tokenizer(source)
+        tokenizer, tgt_tokenizer, note = read_hf_tokenizers(source)
         names = hf_config.get("architectures") or [None]
         arch = lookup_architecture(architecture or names[0], f"config.json of {source}")
     elif hasattr(source, "config") and hasattr(source.config, "to_dict") and isinstance(source, nn.Module):
         hf_config = source.config.to_dict()
         tensors = {k: v.detach() for k, v in source.state_dict().items()}
-        tokenizer, note = None, "an in-memory model carries no tokenizer"
+        tokenizer, tgt_tokenizer, note = None, None, "an in-memory model carries no tokenizer"
         arch = lookup_architecture(architecture or type(source).__name__, "in-memory model")
     else:
         raise TypeError(f"source must be a directory or a transformers model, got {type(source).__name__}")
@@ -103,11 +103,12 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
     model.eval()
     if dropped:
         log.warning("%s: dropped %d key(s) with no counterpart: %s", arch.name, len(dropped), ", ".join(dropped))
-    if tokenizer is not None:
-        check_tokenizer_fits(tokenizer, config.vocab_size)  # type: ignore[attr-defined]
+    if tokenizer is not None and tgt_tokenizer is not None:
+        check_fits(tokenizer, config.vocab_size)  # type: ignore[attr-defined]
+        check_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")  # type: ignore[attr-defined]
     elif note:
         log.info("no tokenizer: %s", note)
-    return Imported(model, config, arch.name, tokenizer, note, dropped, hf_config)
+    return Imported(model, config, arch.name, tokenizer, note, dropped, hf_config, tgt_tokenizer)
 
 
 def to_hf(model: nn.Module, *, architecture: str | None = None, hf_extras: dict[str, Any] | None = None) -> Exported:

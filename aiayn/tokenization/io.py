@@ -14,10 +14,12 @@ from tokenizers import Tokenizer as HFTokenizer
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.bpe import BPE_FILE, BPETokenizer
 from aiayn.tokenization.char import CHAR_FILE, CHAR_FORMAT, CharTokenizer
+from aiayn.tokenization.pretrained import PRETRAINED_FILE, PRETRAINED_FORMAT, PretrainedTokenizer
+from aiayn.tokenization.spm import SPM_FILE, SPM_FORMAT, SentencePieceTokenizer
 
 __all__ = ["load_tokenizer", "save_tokenizer_pair", "load_tokenizer_pair", "default_file_name"]
 
-_NAMES = (BPE_FILE, CHAR_FILE)
+_NAMES = (BPE_FILE, CHAR_FILE, PRETRAINED_FILE, SPM_FILE)
 
 
 def default_file_name(tokenizer: Tokenizer) -> str:
@@ -25,12 +27,19 @@ def default_file_name(tokenizer: Tokenizer) -> str:
         return BPE_FILE
     if isinstance(tokenizer, CharTokenizer):
         return CHAR_FILE
-    raise TypeError(f"tokenizer must be a BPETokenizer or CharTokenizer, got {type(tokenizer).__name__}")
+    if isinstance(tokenizer, PretrainedTokenizer):
+        return PRETRAINED_FILE
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return SPM_FILE
+    raise TypeError(
+        "tokenizer must be a BPETokenizer, CharTokenizer, PretrainedTokenizer or SentencePieceTokenizer, "
+        f"got {type(tokenizer).__name__}"
+    )
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a char or BPE tokenizer from a file, or from a directory holding exactly one of
-    ``tokenizer.json`` / ``char_tokenizer.json``. Raises ``FileNotFoundError`` or ``ValueError``."""
+    """Load a tokenizer from a file, or from a directory holding exactly one of ``tokenizer.json`` /
+    ``char_tokenizer.json`` / ``hf_tokenizer.json`` / ``spm_tokenizer.json``. Raises ``FileNotFoundError`` or ``ValueError``."""
     file = _find_file(Path(path), prefix="")
     text = file.read_text(encoding="utf-8")
     try:
@@ -39,6 +48,10 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ValueError(f"{file}: not a tokenizer file: invalid JSON ({e})") from None
     if isinstance(data, dict) and data.get("format") == CHAR_FORMAT:
         return CharTokenizer.from_dict(data, str(file))
+    if isinstance(data, dict) and data.get("format") == PRETRAINED_FORMAT:
+        return PretrainedTokenizer.from_dict(data, str(file))
+    if isinstance(data, dict) and data.get("format") == SPM_FORMAT:
+        return SentencePieceTokenizer.from_dict(data, str(file))
     if isinstance(data, dict) and isinstance(data.get("model"), dict) and data["model"].get("type") == "BPE":
         return BPETokenizer(HFTokenizer.from_str(text))
     raise ValueError(

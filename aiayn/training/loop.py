@@ -9,6 +9,8 @@ checkpoint that holds everything needed to continue bit for bit).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,7 +25,8 @@ from aiayn.config_io import save_yaml
 from aiayn.evaluation.during_training import bleu_eval_hook
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
-from aiayn.pretrained import model_dir
+from aiayn.checkpoint.atomic_io import atomic_write_bytes
+from aiayn.pretrained import LABELS_FILE
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.checkpoint.state import (
@@ -33,7 +36,6 @@ from aiayn.checkpoint.state import (
     list_checkpoints,
     latest_checkpoint,
     load_checkpoint,
-    load_model_weights,
     resolve_checkpoint,
     restore_training_state,
     save_checkpoint,
@@ -47,6 +49,7 @@ from aiayn.training.optim import build_optimizer_from_config, build_scheduler
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
 from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from aiayn.training.step import StepResult, TrainStep
+from aiayn.training.init_from import InitSource, check_family, init_model_config, load_init_weights, read_init
 from aiayn.training.tasks import TaskData, build_task_data
 
 __all__ = ["train", "TrainResult", "EvalHook"]
@@ -121,11 +124,12 @@ def _train(
 ) -> TrainResult:
     loop = config.train
     torch.manual_seed(loop.seed)  # same initial weights on every rank
-    init_dir = _init_dir(loop.init_from) if loop.init_from and checkpoint is None else None
-    tokenizer_dir = checkpoint.path if checkpoint else init_dir
-    tokenizers = load_tokenizer_pair(tokenizer_dir) if tokenizer_dir else None
+    init = read_init(loop.init_from) if loop.init_from and checkpoint is None else None
+    if init is not None:
+        check_family(init, config.model.family)
+    tokenizers = load_tokenizer_pair(checkpoint.path) if checkpoint else (init.tokenizers if init else None)
     data = build_task_data(config.data, seed=loop.seed, rank=dist_info.rank, world_size=dist_info.world_size, tokenizers=tokenizers)
-    model_config = _model_config(config, data)
+    model_config = _model_config(config, data, init)
     _check_lengths(config, model_config)
     model = model_class(model_config)(model_config).to(device)
     check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
@@ -140,9 +144,9 @@ def _train(
         step, best = checkpoint.step, checkpoint.trainer.best
         log.info("resumed from %s at step %d", checkpoint.path, step)
     else:
-        if init_dir is not None:
-            load_model_weights(model, init_dir)  # strict: lists missing, unexpected and mis-shaped weights
-            log.info("initialised the weights from %s", init_dir)
+        if init is not None:
+            load_init_weights(model, init)  # strict but for a new head: lists missing, unexpected and mis-shaped weights
+            log.info("initialised the weights from %s", init.path)
         if dist_info.rank:
             torch.manual_seed(loop.seed + dist_info.rank)  # different dropout masks per rank
 
@@ -163,6 +167,9 @@ def _train(
         save_yaml(config, run_dir / "train_config.yaml")
         tokenizer_files = save_tokenizer_pair(run_dir / "tokenizer", data.src_tokenizer, data.tgt_tokenizer)
         saver.extra_files = [run_dir / "train_config.yaml", *tokenizer_files]
+        if data.label_names:  # classify prints these names; every checkpoint carries them
+            atomic_write_bytes(run_dir / LABELS_FILE, (json.dumps({"labels": data.label_names}) + "\n").encode())
+            saver.extra_files.append(run_dir / LABELS_FILE)
         metrics_log = MetricsLog(run_dir, tensorboard=loop.tensorboard, resume_step=step if checkpoint else None)
 
     def evaluate(step: int) -> dict[str, float]:
@@ -283,13 +290,6 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
     return load_checkpoint(resolve_checkpoint(resume))
 
 
-def _init_dir(path: str) -> Path:
-    """``train.init_from``: a model directory, a checkpoint, or a run directory (its newest checkpoint)."""
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"train.init_from: no such directory: {path}")
-    return model_dir(path)
-
-
 def _set_aside_newer(run_dir: Path, step: int) -> None:
     """Rename checkpoints newer than the one we resume from (corrupt ones, skipped): the run will redo those steps."""
     for path in list_checkpoints(run_dir):
@@ -311,9 +311,17 @@ def _check_same_model(checkpoint: Checkpoint, model_config: TransformerConfig) -
         raise ValueError(f"cannot resume from {checkpoint.path}: the model config changed ({details})")
 
 
-def _model_config(config: TrainConfig, data: TaskData) -> TransformerConfig:
-    """The section's model config, with vocabulary sizes and classes taken from the data when unset."""
+def _model_config(config: TrainConfig, data: TaskData, init: InitSource | None = None) -> TransformerConfig:
+    """The section's model config, with vocabulary sizes and classes taken from the data when unset;
+    with ``init`` and no ``preset`` / ``family``, the checkpoint's config with the section's fields over it."""
     section = config.model
+    if init is not None and section.preset is None and section.family is None:
+        overrides = {k: v for k, v in dataclasses.asdict(section).items() if v is not None and k not in ("preset", "family")}
+        if data.task == "classification" and section.n_classes is None:
+            overrides["n_classes"] = data.n_classes  # a new head when the checkpoint has none or another size
+        if data.task == "classification" and getattr(init.config, "mlm_head", False) and section.mlm_head is None:
+            overrides["mlm_head"] = False  # the masked-LM head is not trained by a classifier
+        return init_model_config(init, overrides)
     extra: dict[str, Any] = {}
     if data.src_tokenizer is not data.tgt_tokenizer and section.tgt_vocab_size is None and data.task == "translation":
         extra = {"tgt_vocab_size": data.tgt_tokenizer.vocab_size, "share_embeddings": False}

@@ -34,6 +34,7 @@ from aiayn.data import (
     split_text,
 )
 from aiayn.data.batching import BatchPlan
+from aiayn.data.datasets import SST2_CLASS_NAMES
 from aiayn.tokenization import train_tokenizer, train_tokenizer_pair
 from aiayn.tokenization.base import Tokenizer
 from aiayn.training.config import DataSection
@@ -53,6 +54,7 @@ class TaskData:
     src_tokenizer: Tokenizer
     tgt_tokenizer: Tokenizer
     n_classes: int = 0
+    label_names: list[str] | None = None  # classification: the name of each class id
 
 
 def load_splits(data: DataSection) -> tuple[Any, Any]:
@@ -154,6 +156,8 @@ def build_task_data(
 
     task_data = _assemble(data, train_set, val_set, sentence_plan, collate, (tok, tok), rank, world_size)
     task_data.n_classes = n_classes
+    if data.task == "classification":
+        task_data.label_names = list(SST2_CLASS_NAMES if data.dataset == "sst2" else train_raw.label_names)
     return task_data
 
 

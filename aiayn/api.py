@@ -1,0 +1,217 @@
+"""``aiayn.load(path)``: a trained or pretrained model, ready to use in one line.
+
+>>> m = aiayn.load("runs/multi30k-de-en/averaged")       # doctest: +SKIP
+>>> m.translate(["Ein Hund läuft."])                       # doctest: +SKIP
+['A dog is running.']
+
+``path`` is one of our model directories, a training checkpoint or run directory, or a Hugging Face
+model directory (GPT-2, BERT, Marian, BART: imported in memory, with its own tokenizer). The methods
+are thin calls into :mod:`aiayn.decoding.text`, the same path the CLI takes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.checkpoint.directory import CONFIG_FILE
+from aiayn.decoding.adapters import CausalLMDecoder
+from aiayn.decoding.generation import generate as run_generation
+from aiayn.decoding.text import (
+    FilledMask,
+    beam_config,
+    classify_texts,
+    fill_mask_text,
+    generation_config,
+    prompt_ids,
+    score_texts,
+    seq2seq_decoder,
+    translate_texts,
+)
+from aiayn.models.config import TransformerConfig
+from aiayn.models.decoder_only import DecoderOnly
+from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.models.encoder_only import EncoderOnly
+from aiayn.pretrained import Pretrained, id2label_names, load_pretrained, prepare_for_inference
+from aiayn.tokenization.base import Tokenizer
+from aiayn.tokenization.special import SpecialIds, special_ids
+
+__all__ = ["load", "load_parts", "place", "LoadedModel", "Prediction", "is_hf_dir"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A classification: the best ``label`` (its name, or its index as text), its ``prob``, and every class's."""
+
+    label: str
+    prob: float
+    probs: dict[str, float]
+
+
+class LoadedModel:
+    """A model in eval mode with its tokenizer(s). ``family``: ``"encoder-decoder"``, ``"decoder-only"``
+    or ``"encoder-only"``; a method of another family raises ``ValueError`` naming the family it needs."""
+
+    def __init__(
+        self, model: nn.Module, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, *, path: Path,
+        labels: list[str] | None = None,
+    ) -> None:
+        self.model = model
+        self.config: TransformerConfig = model.config  # type: ignore[assignment]
+        self.src_tokenizer, self.tgt_tokenizer, self.path, self.labels = src_tokenizer, tgt_tokenizer, path, labels
+
+    @property
+    def family(self) -> str:
+        return self.config.family
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer that reads input text (the source side for translation)."""
+        return self.src_tokenizer
+
+    @property
+    def special_ids(self) -> SpecialIds:
+        return special_ids(self.src_tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def translate(
+        self, texts: str | Sequence[str], beam_size: int = 4, *, length_penalty: float = 0.6,
+        max_new_tokens: int | None = None, batch_size: int = 16,
+    ) -> list[str]:
+        """Translate each text with beam search (section 6.1: beam 4, length penalty 0.6)."""
+        model = self._need(EncoderDecoder, "translate")
+        texts = _as_list(texts, "texts")
+        config = beam_config(self.tgt_tokenizer, beam_size=beam_size, length_penalty=length_penalty, max_new_tokens=max_new_tokens)
+        decoder = seq2seq_decoder(model, self.tgt_tokenizer)
+        results = translate_texts(decoder, self.src_tokenizer, self.tgt_tokenizer, texts, config, batch_size=batch_size, device=self.device)
+        return [self.tgt_tokenizer.decode(hyps[0].tokens) if hyps else "" for hyps in results]
+
+    def generate(
+        self, prompt: str, max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
+        top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
+        repetition_penalty: float = 1.0,
+    ) -> str:
+        """Continue ``prompt``; returns the prompt followed by the generated text (EOS not shown)."""
+        model = self._need(DecoderOnly, "generate")
+        tok = self.src_tokenizer
+        config = generation_config(
+            tok, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+            stop_strings=tuple(stop), repetition_penalty=repetition_penalty,
+        )
+        ids = torch.tensor([prompt_ids(tok, prompt)], device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        out = run_generation(CausalLMDecoder(model), ids, None, config, generator=generator, detokenize=tok.decode)
+        return prompt + tok.decode(out.sequences()[0])
+
+    def classify(self, texts: str | Sequence[str], *, batch_size: int = 32) -> list[Prediction]:
+        """The class of each text, by name where the checkpoint knows the names (else ``"0"``, ``"1"``...)."""
+        model = self._need(EncoderOnly, "classify")
+        texts = _as_list(texts, "texts")
+        result = classify_texts(model, self.src_tokenizer, texts, batch_size=batch_size, device=self.device)
+        names = self.labels or [str(i) for i in range(result.probs.shape[1])]
+        return [
+            Prediction(names[label], row[label], dict(zip(names, row)))
+            for label, row in zip(result.labels.tolist(), result.probs.tolist())
+        ]
+
+    def fill_mask(self, text: str, top_k: int = 5) -> FilledMask:
+        """Fill each mask token of ``text`` (the tokenizer's spelling: ``<mask>``, BERT's ``[MASK]``)."""
+        model = self._need(EncoderOnly, "fill_mask")
+        return fill_mask_text(model, self.src_tokenizer, text, top_k=top_k, device=self.device)
+
+    def score(self, texts: str | Sequence[str], targets: Sequence[str] | None = None) -> list[float]:
+        """Log-probability of each text (encoder-decoder: of each target given its source text);
+        see :func:`aiayn.decoding.text.score_texts`."""
+        return score_texts(self.model, self.src_tokenizer, self.tgt_tokenizer, _as_list(texts, "texts"), targets, device=self.device)
+
+    def _need(self, family: type[nn.Module], method: str) -> Any:
+        if not isinstance(self.model, family):
+            needs = {EncoderDecoder: "encoder-decoder", DecoderOnly: "decoder-only", EncoderOnly: "encoder-only"}[family]
+            raise ValueError(f"{method}() needs an {needs} model; {self.path} holds a {self.family} model")
+        return self.model
+
+    def __repr__(self) -> str:
+        return f"LoadedModel(family={self.family!r}, path={str(self.path)!r}, tokenizer={self.src_tokenizer!r})"
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str | None = None,
+    quantize: str | None = None,
+) -> LoadedModel:
+    """Load a model directory (ours or Hugging Face's), a checkpoint or a run directory, with its tokenizer.
+
+    ``dtype`` (``torch.bfloat16`` or ``"bfloat16"``), ``quantize`` (``"int8"``: weight-only, per-channel
+    scales) and ``device`` (``"cuda"``) are applied once, at load.
+    Raises ``FileNotFoundError`` naming the path, ``ValueError`` for a directory without a tokenizer or
+    whose tokenizer does not fit the model.
+    """
+    loaded = load_parts(path, device=device or "cpu", dtype=dtype, quantize=quantize)
+    if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
+        raise ValueError(f"{path}: no tokenizer, so text cannot be encoded ({loaded.path} holds no tokenizer file)")
+    return LoadedModel(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, path=loaded.path, labels=loaded.labels)
+
+
+def load_parts(
+    path: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
+) -> Pretrained:
+    """The model, config, tokenizers and class names of ``path`` (ours, a checkpoint, a run, or a
+    Hugging Face directory imported in memory), in the precision asked for. The CLI's loader too."""
+    directory = Path(path)
+    if not directory.exists():
+        raise FileNotFoundError(f"no model at {directory}: no such file or directory")
+    if is_hf_dir(directory):
+        from aiayn.interop.hf import load_hf  # interop only when a Hugging Face directory is given
+
+        imported = load_hf(directory)
+        labels = id2label_names(imported.hf_config)
+        model = prepare_for_inference(imported.model, device=device, dtype=dtype, quantize=quantize)
+        return Pretrained(model, imported.config, imported.tokenizer, imported.tgt_tokenizer, directory, labels)
+    return load_pretrained(directory, device=device, dtype=dtype, quantize=quantize)
+
+
+def place(model: nn.Module, *, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None) -> nn.Module:
+    """Move ``model`` to ``device`` and cast its floating-point weights to ``dtype`` (once), in eval mode."""
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype must be a torch dtype or its name (float32, bfloat16, float16), got {dtype!r}")
+        dtype = getattr(torch, dtype)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def is_hf_dir(directory: Path) -> bool:
+    """A Hugging Face model directory: its config.json names ``architectures`` (ours names a ``family``)."""
+    file = directory / CONFIG_FILE
+    if not file.is_file():
+        return False
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return False
+    return isinstance(config, dict) and "family" not in config and ("architectures" in config or "model_type" in config)
+
+
+def _as_list(texts: str | Sequence[str], name: str) -> list[str]:
+    if isinstance(texts, str):
+        return [texts]
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(text).__name__}")
+    return texts
