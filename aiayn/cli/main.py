@@ -11,7 +11,7 @@ from aiayn import __version__
 from aiayn.cli import bench, copy_task, explain, lab, train, viz
 from aiayn.cli import classify, fill_mask, generate, translate
 from aiayn.cli import convert, demo, evaluate
-from aiayn.cli import average, plot
+from aiayn.cli import average, listing, plot
 
 # name -> (help line, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "classify": (classify.HELP, classify.add_arguments, classify.run),
     "convert": (convert.HELP, convert.add_arguments, convert.run),
     "evaluate": (evaluate.HELP, evaluate.add_arguments, evaluate.run),
+    "recipes": (listing.RECIPES_HELP, listing.add_no_arguments, listing.run_recipes),
+    "presets": (listing.PRESETS_HELP, listing.add_no_arguments, listing.run_presets),
 }
 
 

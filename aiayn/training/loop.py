@@ -131,7 +131,7 @@ def _train(
     model = model_class(model_config)(model_config).to(device)
     check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
     optimizer = build_optimizer_from_config(model, config.optim)
-    scheduler = build_scheduler(optimizer, config.schedule)
+    scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
     if checkpoint is not None:
         _check_same_model(checkpoint, model_config)
@@ -290,7 +290,8 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
 def _init_dir(path: str) -> Path:
     """``train.init_from``: a model directory, a checkpoint, or a run directory (its newest checkpoint)."""
     if not Path(path).is_dir():
-        raise FileNotFoundError(f"train.init_from: no such directory: {path}")
+        raise FileNotFoundError(f"train.init_from: no such directory: {path} (train the model to start from first, "
+                                f"or point to it with --set train.init_from=DIR)")
     return model_dir(path)
 
 
