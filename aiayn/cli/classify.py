@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     trained = saved_train_config(loaded.path)
     if trained is not None and trained.data.task == "mlm":
         raise SystemExit(f"aiayn classify: --checkpoint {args.checkpoint} was trained only as a masked LM: its classifier head "
-                         f"was never trained, so its labels would be noise. Fine-tune it first (recipes/sst2.yaml), "
+                         f"was never trained, so its labels would be noise. Fine-tune it first (aiayn train sst2), "
                          f"or use fill-mask")
     texts = read_texts("classify", args.text)
     for chunk in batches(texts, args.batch_size):

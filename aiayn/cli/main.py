@@ -11,7 +11,7 @@ from aiayn import __version__
 from aiayn.cli import bench, copy_task, explain, lab, train, viz
 from aiayn.cli import classify, fill_mask, generate, translate
 from aiayn.cli import convert, demo, evaluate
-from aiayn.cli import average, plot
+from aiayn.cli import average, listing, plot
 from aiayn.cli import serve
 from aiayn.cli import quantize
 
@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "evaluate": (evaluate.HELP, evaluate.add_arguments, evaluate.run),
     "serve": (serve.HELP, serve.add_arguments, serve.run),
     "quantize": (quantize.HELP, quantize.add_arguments, quantize.run),
+    "recipes": (listing.RECIPES_HELP, listing.add_no_arguments, listing.run_recipes),
+    "presets": (listing.PRESETS_HELP, listing.add_no_arguments, listing.run_presets),
 }
 
 

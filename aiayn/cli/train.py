@@ -12,7 +12,7 @@ HELP = "train a model from a YAML config (resumes the run directory's newest che
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="a YAML training config (see recipes/)")
+    parser.add_argument("config", help="a YAML training config, or the name of a packaged recipe (see `aiayn recipes`)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config value by its dotted key, e.g. --set optim.lr=5e-4 (repeatable)",
@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn.recipes import resolve_config_path
     from aiayn.training.loop import train  # imported here: keeps `aiayn --help` fast
 
     overrides = list(args.overrides)
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"data.data_dir={args.data_dir}")
     if args.init_from:
         overrides.append(f"train.init_from={args.init_from}")
-    config = apply_overrides(load_yaml(args.config, TrainConfig), overrides)
+    config = apply_overrides(load_yaml(resolve_config_path(args.config), TrainConfig), overrides)
     resume: bool | str = args.resume or (False if args.fresh else "auto")
     result = train(config, resume=resume)
     if os.environ.get("RANK", "0") != "0":

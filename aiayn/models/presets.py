@@ -17,7 +17,7 @@ from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
 
-__all__ = ["PRESETS", "preset", "build_model", "model_class"]
+__all__ = ["PRESETS", "preset", "describe_preset", "build_model", "model_class"]
 
 # Table 3 of the paper: base (65M params) and big (213M), with a shared 37k BPE vocabulary (section 5.1).
 PRESETS: dict[str, Callable[[], TransformerConfig]] = {
@@ -63,6 +63,14 @@ def preset(name: str, **overrides: Any) -> TransformerConfig:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     config = PRESETS[name]()
     return config.replace(**overrides) if overrides else config
+
+
+def describe_preset(name: str) -> str:
+    """One line: the family and shapes of preset ``name``."""
+    c = preset(name)
+    layers = f"{c.n_encoder_layers}+{c.n_decoder_layers}" if isinstance(c, EncoderDecoderConfig) else str(c.n_layers)
+    return (f"{c.family}: {layers} layers, d_model {c.d_model}, {c.n_heads} heads, d_ff {c.d_ff}, "
+            f"{c.positions} positions, {c.norm_position}-LN, vocab {c.vocab_size}")
 
 
 def model_class(config: TransformerConfig) -> type[nn.Module]:

@@ -1,6 +1,6 @@
 """The training config: typed sections that map one-to-one onto a YAML file, with dotted overrides.
 
-``aiayn train recipe.yaml --set optim.lr=5e-4 --set model.n_layers=4``; see ``recipes/`` for examples.
+``aiayn train recipe.yaml --set optim.lr=5e-4 --set model.n_layers=4``; ``aiayn recipes`` lists the packaged examples (``aiayn/recipes/``).
 """
 
 from __future__ import annotations

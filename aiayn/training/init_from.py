@@ -47,7 +47,8 @@ def read_init(path: str) -> InitSource:
 
     directory = resolve_init_path(path)
     if not directory.is_dir():
-        raise FileNotFoundError(f"train.init_from: no such directory: {path}")
+        raise FileNotFoundError(f"train.init_from: no such directory: {path} (train the model to start from first, "
+                                f"or point to it with --set train.init_from=DIR)")
     if is_hf_dir(directory):
         from aiayn.interop.hf import load_hf
 

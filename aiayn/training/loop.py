@@ -134,7 +134,7 @@ def _train(
     model = model_class(model_config)(model_config).to(device)
     check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
     optimizer = build_optimizer_from_config(model, config.optim)
-    scheduler = build_scheduler(optimizer, config.schedule)
+    scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
     if checkpoint is not None:
         _check_same_model(checkpoint, model_config)

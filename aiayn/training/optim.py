@@ -12,6 +12,7 @@ Steps: ``LambdaLR`` calls its function with 0 for the first update; the paper co
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import Literal
@@ -36,6 +37,7 @@ __all__ = [
     "build_scheduler",
 ]
 
+log = logging.getLogger(__name__)
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine", "noam")
 # Parameters of these modules are never decayed: shrinking norm gains or embeddings towards 0 has
@@ -79,18 +81,19 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
-    """Learning-rate schedule: a multiplier of the optimizer's lr (defaults: the paper's Noam, base model).
+    """Learning-rate schedule: a multiplier of the optimizer's lr (default: the paper's Noam).
 
     ``noam`` uses ``d_model``, ``warmup`` (>= 1) and ``factor``; ``cosine`` warms up linearly for
     ``warmup`` steps then decays to ``min_lr_ratio`` at ``max_steps``; ``constant`` warms up linearly
-    for ``warmup`` steps (0: none) then stays at 1.
+    for ``warmup`` steps (0: none) then stays at 1. ``d_model`` and ``max_steps`` left unset (None)
+    follow the model and the run (:meth:`resolve`), so shortening a run shortens its schedule.
     """
 
     name: Literal["constant", "cosine", "noam"] = "noam"
     warmup: int = 4000
-    d_model: int | None = 512
+    d_model: int | None = None  # None: the model's d_model
     factor: float = 1.0
-    max_steps: int | None = None
+    max_steps: int | None = None  # None: the run's train.max_steps
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
@@ -104,11 +107,26 @@ class ScheduleConfig:
         _check_number("min_lr_ratio", self.min_lr_ratio, minimum=0.0, inclusive=True)
         if self.min_lr_ratio > 1.0:
             raise ValueError(f"min_lr_ratio must be <= 1, got {self.min_lr_ratio}")
-        if self.name == "noam":
-            if self.d_model is None:
-                raise ValueError("d_model is required by the noam schedule, got None")
-            if self.warmup < 1:
-                raise ValueError(f"warmup must be >= 1 for the noam schedule, got {self.warmup}")
+        if self.name == "noam" and self.warmup < 1:
+            raise ValueError(f"warmup must be >= 1 for the noam schedule, got {self.warmup}")
+
+    def resolve(self, *, max_steps: int, d_model: int) -> ScheduleConfig:
+        """This schedule for a run of ``max_steps`` steps on a model of width ``d_model``: unset fields
+        take those values, and a warmup that does not end before the last step is capped, with a warning
+        (else a short run would end still warming up)."""
+        steps = self.max_steps if self.max_steps is not None else max_steps
+        resolved = dataclasses.replace(self, max_steps=steps, d_model=self.d_model if self.d_model is not None else d_model)
+        longest = steps - 1 if self.name == "cosine" else steps  # cosine needs at least one decay step
+        if self.warmup > longest:
+            log.warning("schedule.warmup=%d is longer than the %d steps of the schedule: capped at %d",
+                        self.warmup, steps, max(longest, 1 if self.name == "noam" else 0))
+            resolved = dataclasses.replace(resolved, warmup=max(longest, 1 if self.name == "noam" else 0))
+        return resolved
+
+    def check_complete(self) -> None:
+        """Raise ``ValueError`` unless every value this schedule needs is set (see :meth:`resolve`)."""
+        if self.name == "noam" and self.d_model is None:
+            raise ValueError("d_model is required by the noam schedule, got None (resolve() fills it from the model)")
         if self.name == "cosine" and (self.max_steps is None or self.max_steps <= self.warmup):
             raise ValueError(
                 f"max_steps must be an int > warmup ({self.warmup}) for the cosine schedule, got {self.max_steps!r}"
@@ -152,6 +170,7 @@ def constant_lr(step: int, *, lr: float, warmup: int = 0) -> float:
 
 def lr_multiplier(cfg: ScheduleConfig) -> Callable[[int], float]:
     """The function of ``LambdaLR``'s epoch (0 for the first update) that ``cfg`` describes."""
+    cfg.check_complete()
     if cfg.name == "noam":
         d_model = cfg.d_model if cfg.d_model is not None else 0  # validated non-None by ScheduleConfig
 

@@ -17,7 +17,11 @@ the full matrix).
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -119,11 +123,27 @@ def _best_time(fn: Callable[[], Tensor], repeats: int) -> float:
     return best
 
 
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Send the C++ stderr (file descriptor 2) to /dev/null: kineto prints ``USDT: profiler_start`` and
+    ``profiler_stop`` lines on every profile, with no setting to turn them off."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _profiled_peak(fn: Callable[[], Tensor]) -> int | None:
     """Peak of the running sum of CPU allocations minus frees during one call (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
         del out
     try:

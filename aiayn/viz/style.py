@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ import matplotlib
 from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 __all__ = [
     "apply_style", "style_context", "cjk_font", "new_figure", "save_figure", "style_axes", "loglog_slope_label",
@@ -62,15 +64,22 @@ def cjk_font() -> str | None:
 
     ``AIAYN_CJK_FONT`` may name a font file to use instead (an empty value disables the search).
     """
-    if _cjk_cache:
-        return _cjk_cache[0]
-    found = _find_cjk_font()
-    if found is None:
-        log.warning(
-            "no CJK font found (install Debian's fonts-noto-cjk); CJK characters will be drawn as boxes"
-        )
-    _cjk_cache.append(found)
-    return found
+    if not _cjk_cache:
+        _cjk_cache.append(_find_cjk_font())
+    return _cjk_cache[0]
+
+
+_CJK_CHAR = re.compile(r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+_cjk_warned: list[bool] = []
+
+
+def _warn_if_cjk_is_drawn_as_boxes(fig: Figure) -> None:
+    """Say once, and only when a figure holds CJK text, that no font can draw it."""
+    if _cjk_warned or cjk_font() is not None:
+        return
+    if any(_CJK_CHAR.search(t.get_text()) for t in fig.findobj(Text)):
+        log.warning("no CJK font found (install Debian's fonts-noto-cjk); CJK characters will be drawn as boxes")
+        _cjk_warned.append(True)
 
 
 def _find_cjk_font() -> str | None:
@@ -129,7 +138,7 @@ def apply_style() -> None:
 @contextmanager
 def style_context() -> Iterator[None]:
     """The library's rcParams for the duration of a ``with`` block; missing-glyph warnings are silenced
-    (a missing CJK font is reported once by :func:`cjk_font` instead)."""
+    (a missing CJK font is reported once, when CJK text is saved, by :func:`save_figure` instead)."""
     with matplotlib.rc_context(_rc()), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing from")
         yield
@@ -152,6 +161,7 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Write ``fig`` as PNG to ``path`` (parents created) and return the path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _warn_if_cjk_is_drawn_as_boxes(fig)
     with style_context():
         fig.savefig(target, format="png")
     return target

@@ -12,7 +12,7 @@ from aiayn.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA = ROOT.parent / "shared" / "data"
-RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+RECIPES = sorted((ROOT / "aiayn" / "recipes").glob("*.yaml"))
 
 
 def test_there_are_recipes():
@@ -39,3 +39,32 @@ def test_recipe_trains_two_steps(recipe, tmp_path):
     config = apply_overrides(load_yaml(recipe, TrainConfig), overrides)
     result = train(config)
     assert result.step == 2 and "val_loss" in result.metrics
+
+
+def test_recipes_are_found_by_name_and_listed(capsys):
+    from aiayn.cli.main import main
+    from aiayn.recipes import recipe_path, resolve_config_path
+
+    assert resolve_config_path("shakespeare-char") == recipe_path("shakespeare-char.yaml")
+    assert resolve_config_path("recipes/sst2.yaml") == recipe_path("sst2")  # the pre-package path still works
+    with pytest.raises(ValueError, match="did you mean 'shakespeare-char'"):
+        resolve_config_path("shakespeare-chr")
+    assert main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    assert all(p.stem in out for p in RECIPES) and "Tiny Shakespeare" in out
+    assert main(["presets"]) == 0
+    assert "paper-base" in (out := capsys.readouterr().out) and "encoder-decoder: 6+6 layers, d_model 512" in out
+
+
+def test_shortening_a_recipe_shortens_its_schedule(caplog):
+    """--set train.max_steps=10 on the Shakespeare recipe: the cosine schedule ends at step 10, warmup capped."""
+    config = apply_overrides(load_yaml(recipe_path_of("shakespeare-char"), TrainConfig), ["train.max_steps=10"])
+    with caplog.at_level("WARNING"):
+        schedule = config.schedule.resolve(max_steps=config.train.max_steps, d_model=128)
+    assert schedule.max_steps == 10 and schedule.warmup == 9 and "capped" in caplog.text
+
+
+def recipe_path_of(name):
+    from aiayn.recipes import recipe_path
+
+    return recipe_path(name)

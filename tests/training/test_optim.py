@@ -88,11 +88,8 @@ def test_constant_with_and_without_warmup() -> None:
         ({"name": "linear"}, r"name must be one of constant, cosine, noam, got 'linear'"),
         ({"warmup": -1}, r"warmup must be an int >= 0, got -1"),
         ({"warmup": 0}, r"warmup must be >= 1 for the noam schedule, got 0"),
-        ({"d_model": None}, r"d_model is required by the noam schedule, got None"),
         ({"d_model": 0}, r"d_model must be an int >= 1, got 0"),
         ({"factor": 0.0}, r"factor must be a finite number > 0.0, got 0.0"),
-        ({"name": "cosine", "warmup": 10}, r"max_steps must be an int > warmup \(10\) for the cosine schedule, got None"),
-        ({"name": "cosine", "warmup": 10, "max_steps": 10}, r"got 10"),
         ({"name": "cosine", "max_steps": 5000, "min_lr_ratio": 1.5}, r"min_lr_ratio must be <= 1, got 1.5"),
         ({"min_lr_ratio": -0.1}, r"min_lr_ratio must be a finite number >= 0.0, got -0.1"),
         ({"max_steps": 0}, r"max_steps must be an int >= 1, got 0"),
@@ -123,7 +120,8 @@ def test_optim_config_validation(kwargs: dict, message: str) -> None:
 
 def test_paper_defaults() -> None:
     assert OptimConfig() == OptimConfig(name="adam", lr=1.0, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
-    assert ScheduleConfig() == ScheduleConfig(name="noam", warmup=4000, d_model=512, factor=1.0)
+    assert ScheduleConfig() == ScheduleConfig(name="noam", warmup=4000, d_model=None, factor=1.0)
+    assert ScheduleConfig().resolve(max_steps=100_000, d_model=512).d_model == 512  # base model: d_model from the model
 
 
 def test_weight_decay_split_by_module_type_and_shape() -> None:
@@ -248,3 +246,42 @@ def test_build_scheduler_wants_a_schedule_config() -> None:
     opt = build_optimizer(TinyModel(), name="adam", lr=1.0)
     with pytest.raises(TypeError, match="cfg must be a ScheduleConfig, got dict"):
         build_scheduler(opt, {"name": "noam"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"d_model": None}, r"d_model is required by the noam schedule, got None"),
+        ({"name": "cosine", "warmup": 10}, r"max_steps must be an int > warmup \(10\) for the cosine schedule, got None"),
+        ({"name": "cosine", "warmup": 10, "max_steps": 10}, r"got 10"),
+    ],
+)
+def test_an_unresolved_schedule_is_refused_when_built(kwargs: dict, message: str) -> None:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match=message):
+        build_scheduler(opt, ScheduleConfig(**kwargs))
+
+
+def test_resolve_follows_the_run_and_the_model_unless_set() -> None:
+    cfg = ScheduleConfig(name="cosine", warmup=2)
+    assert cfg.resolve(max_steps=50, d_model=64) == ScheduleConfig(name="cosine", warmup=2, max_steps=50, d_model=64)
+    explicit = ScheduleConfig(name="noam", warmup=2, d_model=32, max_steps=7)
+    assert explicit.resolve(max_steps=50, d_model=64) == explicit
+
+
+@pytest.mark.parametrize(
+    ("cfg", "steps", "warmup"),
+    [
+        (ScheduleConfig(name="cosine", warmup=100), 10, 9),  # --set train.max_steps=10 on the Shakespeare recipe
+        (ScheduleConfig(name="cosine", warmup=100, max_steps=60), 2000, 59),  # --set schedule.max_steps=60
+        (ScheduleConfig(name="noam", warmup=400), 60, 60),
+        (ScheduleConfig(name="constant", warmup=5), 3, 3),
+    ],
+)
+def test_a_warmup_longer_than_the_run_is_capped_with_a_warning(cfg, steps, warmup, caplog) -> None:
+    with caplog.at_level("WARNING", logger="aiayn.training.optim"):
+        resolved = cfg.resolve(max_steps=steps, d_model=64)
+    assert resolved.warmup == warmup
+    assert f"schedule.warmup={cfg.warmup} is longer than" in caplog.text
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    build_scheduler(opt, resolved)  # a complete, valid schedule
