@@ -1,16 +1,15 @@
 """``train(config)``: one readable loop for all three families, resumable and data-parallel.
 
-Each step: take ``accumulate`` micro-batches, normalise the summed loss by the number of target
-tokens of the whole step (all micro-batches, all ranks), backpropagate, check for non-finite values,
-clip, step Adam and the schedule. Every ``eval_every`` steps validate; every ``save_every`` steps
-write an atomic checkpoint that holds everything needed to continue bit for bit.
+``_train`` builds the run (data, model, optimizer, maybe a resumed state); ``_loop`` then reads like
+the algorithm: step (``TrainStep``: accumulate, backward, clip, handle non-finite values), log,
+evaluate every ``eval_every`` steps, save every ``save_every`` steps (``_Saver``: an atomic
+checkpoint that holds everything needed to continue bit for bit).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,21 +38,21 @@ from aiayn.checkpoint.state import (
     restore_training_state,
     save_checkpoint,
 )
-from aiayn.training.config import TrainConfig, build_model_config
-from aiayn.training.distributed import DistInfo, all_gather_objects, all_reduce_sum, any_rank, init_distributed, shutdown
+from aiayn.training.config import LoopSection, TrainConfig, build_model_config
+from aiayn.training.distributed import DistInfo, all_gather_objects, any_rank, init_distributed, shutdown
 from aiayn.training.evaluate import validate
 from aiayn.training.metrics_log import MetricsLog
-from aiayn.training.objectives import Objective, loss_count
+from aiayn.training.objectives import Objective
 from aiayn.training.optim import build_optimizer_from_config, build_scheduler
-from aiayn.checkpoint.retention import rotate_checkpoints, update_best
+from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
 from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
+from aiayn.training.step import StepResult, TrainStep
 from aiayn.training.tasks import TaskData, build_task_data
 
 __all__ = ["train", "TrainResult", "EvalHook"]
 
 log = logging.getLogger(__name__)
 EvalHook = Callable[[nn.Module, TaskData, int], dict[str, float]]  # (model, data, step) -> extra metrics
-MAX_SKIPPED_IN_A_ROW = 100
 
 
 @dataclass
@@ -151,125 +150,122 @@ def _train(
     runner: nn.Module = torch.compile(objective) if loop.compile else objective  # type: ignore[assignment]
     if dist_info.enabled:
         runner = nn.parallel.DistributedDataParallel(runner, device_ids=[device.index] if device.type == "cuda" else None)
-    session = _Session(
-        config=config, run_dir=run_dir, device=device, dist=dist_info, data=data, model=model, model_config=model_config,
-        optimizer=optimizer, scheduler=scheduler, objective=objective, runner=runner,
-        autocast=_autocast(loop.precision, device), scaler=torch.amp.GradScaler("cuda", enabled=loop.precision == "fp16"),
+    autocast = _autocast(loop.precision, device)
+    train_step = TrainStep(
+        runner, model, optimizer, scheduler=scheduler, grad_clip=loop.grad_clip, nonfinite=loop.nonfinite,
+        autocast=autocast, scaler=torch.amp.GradScaler("cuda", enabled=loop.precision == "fp16"),
+        dist_info=dist_info, device=device,
     )
+    saver = _Saver(run_dir, model, model_config, optimizer, scheduler, data, dist_info, loop.retention)
+    metrics_log = None
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_yaml(config, run_dir / "train_config.yaml")
         tokenizer_files = save_tokenizer_pair(run_dir / "tokenizer", data.src_tokenizer, data.tgt_tokenizer)
-        session.extra_files = [run_dir / "train_config.yaml", *tokenizer_files]
-        session.metrics_log = MetricsLog(run_dir, tensorboard=loop.tensorboard, resume_step=step if checkpoint else None)
+        saver.extra_files = [run_dir / "train_config.yaml", *tokenizer_files]
+        metrics_log = MetricsLog(run_dir, tensorboard=loop.tensorboard, resume_step=step if checkpoint else None)
+
+    def evaluate(step: int) -> dict[str, float]:
+        metrics = validate(objective, data.val, device=device, autocast=autocast, max_batches=loop.eval_batches)
+        if eval_hook is not None:
+            metrics.update(eval_hook(model, data, step))
+        return metrics
+
     try:
-        return _loop(session, step, best, eval_hook)
+        last_saved, step, metrics = _loop(loop, step, best, data, train_step, evaluate, saver, metrics_log, dist_info, device)
     finally:
-        if session.metrics_log is not None:
-            session.metrics_log.close()
+        if metrics_log is not None:
+            metrics_log.close()
+    return TrainResult(run_dir, step, model, data, last_saved, metrics)
 
 
-@dataclass
-class _Session:
-    """Everything one training run holds, built once by ``_train`` and used by ``_loop``."""
+def _loop(
+    loop: LoopSection,
+    step: int,
+    best: BestValue | None,
+    data: TaskData,
+    train_step: TrainStep,
+    evaluate: Callable[[int], dict[str, float]],
+    saver: _Saver,
+    metrics_log: MetricsLog | None,
+    dist_info: DistInfo,
+    device: torch.device,
+) -> tuple[Path | None, int, dict[str, float]]:
+    """Step until ``max_steps`` (or ``stop_after``, or ``max_minutes``); log, validate and save on schedule.
 
-    config: TrainConfig
-    run_dir: Path
-    device: torch.device
-    dist: DistInfo
-    data: TaskData
-    model: nn.Module
-    model_config: TransformerConfig
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    objective: Objective
-    runner: nn.Module  # the objective, maybe compiled and/or wrapped in DDP
-    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
-    scaler: torch.amp.GradScaler
-    metrics_log: MetricsLog | None = None
-    extra_files: list[Path] = field(default_factory=list)
-
-
-def _loop(s: _Session, step: int, best: BestValue | None, eval_hook: EvalHook | None) -> TrainResult:
-    """Step until ``max_steps`` (or ``stop_after``); validate, log and save on schedule."""
-    loop, dist_info, device = s.config.train, s.dist, s.device
-    data, model, optimizer, scheduler, runner, scaler, metrics_log = (
-        s.data, s.model, s.optimizer, s.scheduler, s.runner, s.scaler, s.metrics_log
-    )
+    Returns the last checkpoint written (rank 0), the last step and the last validation metrics.
+    """
     end = loop.stop_after or loop.max_steps
     batches = _forever(data.train)
     bar = tqdm(total=loop.max_steps, initial=step, disable=not (loop.progress and dist_info.is_main), dynamic_ncols=True)
-    last_saved, metrics, metrics_step = None, {}, -1  # the latest validation and the step it was made at
-    skipped, tokens, started = 0, 0, time.perf_counter()
-    model.train()
+    metrics: dict[str, float] = {}
+    last_saved, metrics_step, tokens, started = None, -1, 0, time.perf_counter()  # metrics_step: when metrics were made
+    train_step.model.train()
     while step < end:
-        micro = [next(batches) for _ in range(loop.accumulate)]
-        # Normalise by the target count of the whole step, so accumulation and DDP equal one big batch.
-        step_count = float(all_reduce_sum(torch.tensor(float(sum(loss_count(b) for b in micro)), device=device), dist_info))
-        loss_sum = torch.zeros((), device=device)
-        for i, batch in enumerate(micro):
-            batch = batch.to(device, non_blocking=True)
-            sync = contextlib.nullcontext() if i == len(micro) - 1 or not dist_info.enabled else runner.no_sync()
-            with sync:
-                with s.autocast():
-                    loss = runner(batch)
-                scaler.scale(loss.sum * (dist_info.world_size / step_count)).backward()
-            loss_sum += loss.sum.detach().float()
-        step_loss = float(all_reduce_sum(loss_sum, dist_info)) / max(step_count, 1.0)
-        scaler.unscale_(optimizer)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), loop.grad_clip or math.inf))
-        if any_rank(not (math.isfinite(step_loss) and math.isfinite(grad_norm)), dist_info, device):
-            optimizer.zero_grad(set_to_none=True)
-            message = f"non-finite loss ({step_loss}) or gradient norm ({grad_norm}) at step {step + 1}"
-            if loop.nonfinite == "raise":
-                raise FloatingPointError(f"{message}; stopped before the optimizer step (train.nonfinite=skip would drop the step)")
-            skipped += 1
-            log.warning("%s: step skipped (%d in a row)", message, skipped)
-            if skipped >= MAX_SKIPPED_IN_A_ROW:
-                raise FloatingPointError(f"{message}; {skipped} steps in a row skipped, giving up")
-            scaler.update()
+        result = train_step([next(batches).to(device, non_blocking=True) for _ in range(loop.accumulate)], step + 1)
+        if result is None:  # a non-finite step, dropped (train.nonfinite=skip)
             continue
-        skipped = 0
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
         step += 1
-        tokens += int(step_count)
+        tokens += result.targets
         bar.update(1)
         if loop.max_minutes is not None and _out_of_time(started, loop.max_minutes, dist_info, device):
             log.info("train.max_minutes=%s spent: stopping at step %d", loop.max_minutes, step)
             end = step  # the checks below then log, validate and save this step as the last
 
         if metrics_log is not None and (step % loop.log_every == 0 or step == end):
-            elapsed = time.perf_counter() - started
-            record = {"loss": step_loss, "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
-                      "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0}
-            metrics_log.write(step, record)
-            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+            lr = train_step.optimizer.param_groups[0]["lr"]
+            _log(metrics_log, bar, step, result, lr, tokens / max(time.perf_counter() - started, 1e-9))
         if step % loop.eval_every == 0 or step in (loop.max_steps, end):
-            metrics, metrics_step = validate(s.objective, data.val, device=device, autocast=s.autocast, max_batches=loop.eval_batches), step
-            if eval_hook is not None:
-                metrics.update(eval_hook(model, data, step))
+            metrics, metrics_step = evaluate(step), step
             if metrics_log is not None:
                 metrics_log.write(step, metrics)
             log.info("step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if step % loop.save_every == 0 or step == end:
-            # Every rank's generators and loader position: a resumed rank continues its own.
-            ranks = []
-            if dist_info.enabled:
-                ranks = all_gather_objects(RankState(capture_rng_state(), data.train.state_dict()), dist_info)[1:]
-            if dist_info.is_main:
-                saved_metrics = metrics if metrics_step == step else {}
-                best = update_best(best, saved_metrics, step=step, retention=loop.retention)
-                last_saved = save_checkpoint(
-                    s.run_dir, step=step, model=model, config=s.model_config, optimizer=optimizer, scheduler=scheduler,
-                    data_state=data.train.state_dict(), metrics=saved_metrics, best=best, extra_files=s.extra_files,
-                    ranks=ranks,
-                )
-                rotate_checkpoints(s.run_dir, loop.retention)
+            last_saved, best = saver.save(step, metrics if metrics_step == step else {}, best)
     bar.close()
-    return TrainResult(s.run_dir, step, model, data, last_saved, metrics)
+    return last_saved, step, metrics
+
+
+def _log(metrics_log: MetricsLog, bar: tqdm, step: int, result: StepResult, lr: float, tokens_per_s: float) -> None:
+    record = {"loss": result.loss, "lr": lr, "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s}
+    metrics_log.write(step, record)
+    bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}")
+
+
+class _Saver:
+    """Writes the run's checkpoints (rank 0), with every rank's generators and loader position, and rotates them."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        model: nn.Module,
+        model_config: TransformerConfig,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        data: TaskData,
+        dist_info: DistInfo,
+        retention: RetentionConfig,
+    ) -> None:
+        self.run_dir, self.model, self.model_config, self.optimizer, self.scheduler = run_dir, model, model_config, optimizer, scheduler
+        self.data, self.dist, self.retention = data, dist_info, retention
+        self.extra_files: list[Path] = []  # copied into every checkpoint (the config, the tokenizers)
+
+    def save(self, step: int, metrics: dict[str, float], best: BestValue | None) -> tuple[Path | None, BestValue | None]:
+        """Checkpoint ``step`` with its validation ``metrics`` (empty if none at this step); return (path, best)."""
+        # Every rank's generators and loader position: a resumed rank continues its own.
+        ranks = []
+        if self.dist.enabled:
+            ranks = all_gather_objects(RankState(capture_rng_state(), self.data.train.state_dict()), self.dist)[1:]
+        if not self.dist.is_main:
+            return None, best
+        best = update_best(best, metrics, step=step, retention=self.retention)
+        path = save_checkpoint(
+            self.run_dir, step=step, model=self.model, config=self.model_config, optimizer=self.optimizer,
+            scheduler=self.scheduler, data_state=self.data.train.state_dict(), metrics=metrics, best=best,
+            extra_files=self.extra_files, ranks=ranks,
+        )
+        rotate_checkpoints(self.run_dir, self.retention)
+        return path, best
 
 
 def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:

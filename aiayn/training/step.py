@@ -1,0 +1,107 @@
+"""One optimizer step, shared by everything that trains: accumulate, backward, clip, handle non-finite values.
+
+The summed loss of ``accumulate`` micro-batches is normalised by the number of targets of the whole
+step (all micro-batches, all ranks), so that accumulation and data parallelism equal one big batch.
+A non-finite loss or gradient norm stops before the optimizer step (``nonfinite="raise"``) or drops
+the step (``"skip"``), decided the same on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from aiayn.training.distributed import DistInfo, all_reduce_sum, any_rank
+from aiayn.training.losses import TokenLoss
+from aiayn.training.objectives import loss_count
+
+__all__ = ["TrainStep", "StepResult", "MAX_SKIPPED_IN_A_ROW"]
+
+log = logging.getLogger(__name__)
+MAX_SKIPPED_IN_A_ROW = 100
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float  # mean loss per target over the whole step (all micro-batches, all ranks)
+    grad_norm: float  # the global gradient norm before clipping
+    targets: int  # how many targets the loss averaged over
+
+
+class TrainStep:
+    """``step(micro_batches, number) -> StepResult``, or None when a non-finite step is skipped.
+
+    ``runner(batch) -> TokenLoss`` (the objective, maybe compiled or wrapped in DDP); ``count(batch)``
+    is the number of targets its loss sums over, known before the forward pass.
+    """
+
+    def __init__(
+        self,
+        runner: Callable[[Any], TokenLoss],
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        grad_clip: float | None = None,
+        nonfinite: str = "raise",
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        scaler: torch.amp.GradScaler | None = None,
+        dist_info: DistInfo = DistInfo(),
+        device: torch.device = torch.device("cpu"),
+        count: Callable[[Any], int] = loss_count,
+    ) -> None:
+        if nonfinite not in ("raise", "skip"):
+            raise ValueError(f"nonfinite={nonfinite!r} must be one of ('raise', 'skip')")
+        self.runner, self.model, self.optimizer, self.scheduler = runner, model, optimizer, scheduler
+        self.grad_clip, self.nonfinite, self.autocast, self.count = grad_clip, nonfinite, autocast, count
+        self.scaler = scaler if scaler is not None else torch.amp.GradScaler("cuda", enabled=False)
+        self.dist, self.device = dist_info, device
+        self.skipped = 0  # non-finite steps skipped in a row
+
+    def __call__(self, micro: Sequence[Any], number: int) -> StepResult | None:
+        """Step ``number`` (1-based, for messages) over the micro-batches ``micro``, already on the device."""
+        loss, targets = self._backward(micro)
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf))
+        if any_rank(not (math.isfinite(loss) and math.isfinite(grad_norm)), self.dist, self.device):
+            self._drop(f"non-finite loss ({loss}) or gradient norm ({grad_norm}) at step {number}")
+            return None
+        self.skipped = 0
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss, grad_norm, int(targets))
+
+    def _backward(self, micro: Sequence[Any]) -> tuple[float, float]:
+        """Backpropagate every micro-batch; return the step's mean loss and its target count."""
+        # Normalise by the target count of the whole step, so accumulation and DDP equal one big batch.
+        targets = float(all_reduce_sum(torch.tensor(float(sum(self.count(b) for b in micro)), device=self.device), self.dist))
+        loss_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro):
+            # DDP: all-reduce the gradients once, after the last micro-batch.
+            last = i == len(micro) - 1 or not self.dist.enabled
+            with contextlib.nullcontext() if last else self.runner.no_sync():  # type: ignore[attr-defined]
+                with self.autocast():
+                    loss = self.runner(batch)
+                self.scaler.scale(loss.sum * (self.dist.world_size / targets)).backward()
+            loss_sum += loss.sum.detach().float()
+        return float(all_reduce_sum(loss_sum, self.dist)) / max(targets, 1.0), targets
+
+    def _drop(self, message: str) -> None:
+        """A non-finite step: raise, or (``nonfinite="skip"``) drop it, giving up after too many in a row."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.nonfinite == "raise":
+            raise FloatingPointError(f"{message}; stopped before the optimizer step (train.nonfinite=skip would drop the step)")
+        self.skipped += 1
+        log.warning("%s: step skipped (%d in a row)", message, self.skipped)
+        if self.skipped >= MAX_SKIPPED_IN_A_ROW:
+            raise FloatingPointError(f"{message}; {self.skipped} steps in a row skipped, giving up")
+        self.scaler.update()
