@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,19 +20,27 @@ from torch import nn
 
 from aiayn.checkpoint.atomic_io import replace_directory, write_durable
 from aiayn.models.config import TransformerConfig, config_from_dict
+from aiayn.models.meta import meta_state_dict
 from aiayn.models.presets import model_class
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.checkpoint.directory import CONFIG_FILE, MARKER, MODEL_FILE
 from aiayn.checkpoint.state import resolve_checkpoint
-from aiayn.checkpoint.weights import load_state_dict_checked, read_safetensors, state_dict_to_bytes
+from aiayn.checkpoint.safetensors_header import meta_state
+from aiayn.checkpoint.weights import (
+    CorruptCheckpointError,
+    check_state_fits,
+    load_state_dict_checked,
+    read_safetensors,
+    state_dict_to_bytes,
+)
 from aiayn.inference.precision import cast_model, parse_dtype
 from aiayn.inference.quantization import Int8Linear, check_int8_kernel, parse_quantize, quantize_int8
 
 __all__ = [
     "Pretrained", "save_pretrained", "load_pretrained", "prepare_for_inference", "model_dir", "label_names",
-    "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE", "LABELS_FILE",
+    "check_replaceable", "check_config_backed", "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE", "LABELS_FILE",
 ]
 
 LABELS_FILE = "labels.json"  # {"labels": [name of class 0, name of class 1, ...]}
@@ -69,6 +78,7 @@ def save_pretrained(
     target = Path(path)
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    check_replaceable(target)
     config: TransformerConfig = model.config  # type: ignore[assignment]
     tgt_tokenizer = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
     if src_tokenizer is not None:
@@ -84,6 +94,39 @@ def save_pretrained(
     return target
 
 
+# What a model export holds (ours, or a Hugging Face layout): --overwrite replaces nothing else.
+_EXPORT_FILES = frozenset({
+    MODEL_FILE, CONFIG_FILE, "hf_source.json", "model.safetensors.index.json", "tokenizer_config.json",
+    "special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt", "vocab.txt", "README.md",
+    *(f"{prefix}{name}" for prefix in ("", "src_", "tgt_") for name in _TOKENIZER_NAMES),
+})
+_EXPORT_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def check_replaceable(target: Path) -> None:
+    """Refuse to replace ``target`` unless it is absent, empty, or a previous model export.
+
+    A previous export holds ``config.json`` and weights (``model.safetensors`` or a shard index) and
+    only the files an export writes; anything else (notes, a checkpoint, a run directory) might be
+    someone's work, so ``ValueError`` names it rather than deleting it.
+    """
+    if not target.exists() and not target.is_symlink():
+        return
+    if target.is_symlink() or not target.is_dir():
+        raise ValueError(f"refusing to replace {target}: it is not a directory (a file or a link); remove it yourself")
+    names = {p.name for p in target.iterdir()}
+    if not names:
+        return
+    foreign = sorted(n for n in names if n not in _EXPORT_FILES and not _EXPORT_SHARD.fullmatch(n))
+    has_weights = MODEL_FILE in names or "model.safetensors.index.json" in names
+    if foreign or CONFIG_FILE not in names or not has_weights:
+        why = f"it holds {', '.join(foreign[:10])}" if foreign else f"it lacks {CONFIG_FILE} and weights"
+        raise ValueError(
+            f"refusing to replace {target}: it is not a previous model export ({why}); "
+            "--overwrite only replaces a directory an export wrote. Choose another path or remove it yourself"
+        )
+
+
 def model_dir(path: str | os.PathLike[str]) -> Path:
     """The directory to load weights from: a model directory as given, a checkpoint (verified), or a
     run directory's newest complete checkpoint."""
@@ -91,6 +134,21 @@ def model_dir(path: str | os.PathLike[str]) -> Path:
     if (directory / MODEL_FILE).is_file() and not (directory / MARKER).is_file():
         return directory
     return resolve_checkpoint(directory)
+
+
+def check_config_backed(config: TransformerConfig, weights: Path) -> None:
+    """Refuse a config whose tensors the weights file does not hold, before allocating anything.
+
+    The model is built on the ``meta`` device (shapes only) and compared with the file's header, so
+    an untrusted ``config.json`` (say ``d_model = 2**30``) costs no memory. Raises ``ValueError``
+    listing the mismatches and ``CorruptCheckpointError`` for a bad header.
+    """
+    try:
+        check_state_fits(meta_state_dict(config), meta_state(weights), source=str(weights))
+    except CorruptCheckpointError:
+        raise
+    except ValueError as e:
+        raise ValueError(f"{e}\nrefusing to build the model of {weights.parent / CONFIG_FILE}: its weights file cannot back it") from None
 
 
 def load_pretrained(
@@ -123,6 +181,9 @@ def load_pretrained(
         config = config_from_dict(json.loads(config_file.read_text(encoding="utf-8")))
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_file}: invalid JSON ({e})") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{config_file}: not a valid model config ({e})") from None
+    check_config_backed(config, directory / MODEL_FILE)
     model = model_class(config)(config)
     stored_int8 = _stored_quantization(directory) is not None
     if stored_int8:

@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint import atomic_io
-from aiayn.checkpoint.weights import CorruptCheckpointError, read_safetensors
+from aiayn.checkpoint.errors import CorruptCheckpointError
+from aiayn.checkpoint.weights import read_safetensors
 
 __all__ = [
     "FORMAT", "MARKER", "MODEL_FILE", "CONFIG_FILE", "OPTIMIZER_TENSORS", "OPTIMIZER_JSON", "TRAINER_FILE",
     "RNG_TENSORS", "RNG_JSON", "RESERVED", "STEP_DIR", "CorruptCheckpointWarning", "checkpoint_name",
     "write_checkpoint_dir", "json_bytes", "verify_checkpoint", "read_json", "list_checkpoints",
-    "latest_checkpoint", "resolve_checkpoint",
+    "latest_checkpoint", "resolve_checkpoint", "incomplete_checkpoints", "warn_incomplete", "set_aside_newer",
 ]
 
 FORMAT = 1
@@ -37,6 +40,7 @@ RESERVED = frozenset(
     {MARKER, MODEL_FILE, CONFIG_FILE, OPTIMIZER_TENSORS, OPTIMIZER_JSON, TRAINER_FILE, RNG_TENSORS, RNG_JSON}
 )
 STEP_DIR = re.compile(r"^step-(\d+)$")
+log = logging.getLogger(__name__)
 
 
 class CorruptCheckpointWarning(UserWarning):
@@ -123,8 +127,17 @@ def verify_checkpoint(path: str | os.PathLike[str], *, check_hashes: bool = True
             if name in files and other not in files:
                 raise CorruptCheckpointError(path / other, f"not listed in {MARKER} although {name} is")
     for name, entry in files.items():
+        _check_file_name(path, name)
         _verify_file(path / name, entry, check_hashes)
     return marker
+
+
+def _check_file_name(path: Path, name: str) -> None:
+    """A marker entry must name a plain file inside the checkpoint: no ``..``, no separator, not absolute."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name or Path(name).is_absolute():
+        raise CorruptCheckpointError(path / MARKER, f"lists {name!r}, which is not a file name inside {path}")
+    if (path / name).is_symlink():
+        raise CorruptCheckpointError(path / name, "is a symbolic link; a checkpoint holds plain files only")
 
 
 def _verify_file(file: Path, entry: Any, check_hash: bool) -> None:
@@ -171,9 +184,37 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
     found = []
     for child in run_dir.iterdir():
         match = STEP_DIR.match(child.name)
-        if match and child.is_dir() and (child / MARKER).is_file():
+        if match and child.is_symlink():
+            message = f"ignoring {child}: a checkpoint must be a directory of the run, not a symbolic link"
+            warnings.warn(message, CorruptCheckpointWarning, stacklevel=2)
+        elif match and child.is_dir() and (child / MARKER).is_file():
             found.append((int(match.group(1)), child))
     return [p for _, p in sorted(found)]
+
+
+def incomplete_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """``step-*`` directories of ``run_dir`` without a ``COMPLETE`` marker, and leftover ``.tmp-step-*``
+    directories: what a save killed half-way leaves behind."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    return sorted(
+        child for child in run_dir.iterdir()
+        if not child.is_symlink() and child.is_dir() and (
+            child.name.startswith(".tmp-step-") or (STEP_DIR.match(child.name) and not (child / MARKER).is_file())
+        )
+    )
+
+
+def warn_incomplete(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Warn about each interrupted save in ``run_dir`` (see ``incomplete_checkpoints``); return them."""
+    found = incomplete_checkpoints(run_dir)
+    for path in found:
+        warnings.warn(
+            f"skipping {path}: an interrupted save (no {MARKER} marker); it is not a checkpoint",
+            CorruptCheckpointWarning, stacklevel=2,
+        )
+    return found
 
 
 def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path:
@@ -186,6 +227,7 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"resume path does not exist: {run_dir}")
     skipped: list[str] = []
+    incomplete = warn_incomplete(run_dir)
     for candidate in reversed(list_checkpoints(run_dir)):
         try:
             verify_checkpoint(candidate)
@@ -197,7 +239,35 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> Path:
         detail = f"; skipped corrupt ones: {'; '.join(skipped)}"
     else:
         detail = f" (a step-NNNNNN directory with a {MARKER} marker)"
+    if incomplete:
+        detail += f"; interrupted saves (no {MARKER}): {', '.join(p.name for p in incomplete)}"
     raise FileNotFoundError(f"no complete checkpoint in {run_dir}{detail}")
+
+
+def set_aside_newer(run_dir: str | os.PathLike[str], step: int) -> list[Path]:
+    """Move the checkpoints newer than ``step`` out of the way, since resuming from ``step`` redoes them.
+
+    A valid one becomes ``superseded-step-N-<time>`` (it is kept, never called corrupt), one that fails
+    verification ``corrupt-step-N-<time>``, an interrupted save ``incomplete-step-N-<time>``. Returns the
+    new paths.
+    """
+    moved = []
+    interrupted = [p for p in incomplete_checkpoints(run_dir) if STEP_DIR.match(p.name)]
+    for path in sorted([*list_checkpoints(run_dir), *interrupted]):
+        if int(STEP_DIR.match(path.name).group(1)) <= step:  # type: ignore[union-attr]
+            continue
+        try:
+            verify_checkpoint(path)
+            kind, why = "superseded", "valid, but newer than the checkpoint resumed from"
+        except FileNotFoundError:
+            kind, why = "incomplete", f"an interrupted save without {MARKER}"
+        except CorruptCheckpointError as e:
+            kind, why = "corrupt", str(e)
+        aside = path.with_name(f"{kind}-{path.name}-{int(time.time())}")
+        path.rename(aside)
+        log.warning("set aside %s as %s (%s): resuming from step %d redoes it", path, aside.name, why, step)
+        moved.append(aside)
+    return moved
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:

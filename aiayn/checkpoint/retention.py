@@ -7,6 +7,7 @@ rotation holds no state of its own and survives restarts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import warnings
@@ -27,6 +28,7 @@ from aiayn.checkpoint.state import (
 __all__ = ["RetentionConfig", "is_better", "update_best", "best_checkpoint", "rotate_checkpoints"]
 
 _MODES = ("min", "max")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +113,7 @@ def rotate_checkpoints(run_dir: str | os.PathLike[str], retention: RetentionConf
     for path in removed:
         _remove(path)
     for leftover in run_dir.glob(".tmp-step-*"):
+        log.warning("removing %s: the leftover of an interrupted save", leftover)
         shutil.rmtree(leftover, ignore_errors=True)
     atomic_io.fsync_dir(run_dir)
     return removed

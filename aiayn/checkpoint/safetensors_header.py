@@ -21,7 +21,7 @@ import torch
 
 from aiayn.checkpoint.errors import CorruptCheckpointError
 
-__all__ = ["MAX_HEADER_BYTES", "MAX_ENTRIES", "DTYPES", "TensorRecord", "read_header"]
+__all__ = ["MAX_HEADER_BYTES", "MAX_ENTRIES", "DTYPES", "TensorRecord", "read_header", "meta_state"]
 
 MAX_HEADER_BYTES = 4 * 1024 * 1024  # 4 MiB; real headers (per shard) are well under 1 MiB
 MAX_ENTRIES = 20_000  # tensors per file; GPT-2 has ~150, a paper-big optimizer state ~1,000
@@ -126,3 +126,20 @@ def _check_tiling(path: Path, records: dict[str, TensorRecord], data_size: int) 
         position, previous = record.end, record.name
     if position != data_size:
         raise CorruptCheckpointError(path, f"{data_size - position} bytes after the last tensor's data are not described")
+
+
+def meta_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The file's tensors as ``meta`` tensors (shape and dtype, no memory), aiayn's aliases expanded.
+
+    For comparing a file with a model built on the ``meta`` device before allocating either.
+    """
+    records, metadata = read_header(path)
+    state = {name: torch.empty(r.shape, dtype=r.dtype, device="meta") for name, r in records.items()}
+    aliases = metadata.get("aiayn.aliases")
+    if aliases is not None:
+        try:
+            for alias, canonical in json.loads(aliases).items():
+                state[alias] = state[canonical]
+        except (ValueError, KeyError, AttributeError, TypeError) as e:
+            raise CorruptCheckpointError(Path(path), f"bad aiayn.aliases metadata ({e!r})") from e
+    return state

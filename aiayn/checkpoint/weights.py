@@ -31,6 +31,7 @@ __all__ = [
     "read_safetensors",
     "read_weights",
     "load_state_dict_checked",
+    "check_state_fits",
 ]
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,14 @@ def load_state_dict_checked(model: nn.Module, state: Mapping[str, Tensor], *, so
     float into integer, one integer width into another) is refused.
     """
     expected = model.state_dict()
+    check_state_fits(expected, state, source=source)
+    _log_casts(expected, state, source)
+    model.load_state_dict(dict(state), strict=True)
+
+
+def check_state_fits(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], *, source: str) -> None:
+    """The checks of ``load_state_dict_checked`` without loading: works on ``meta`` tensors too, so a
+    config can be compared with a file's header before any memory is allocated."""
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     shapes = [
@@ -183,8 +192,6 @@ def load_state_dict_checked(model: nn.Module, state: Mapping[str, Tensor], *, so
                 more = f", ... and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else ""
                 lines.append(f"  {label} ({len(items)}): {listed}{more}")
         raise ValueError("\n".join(lines))
-    _log_casts(expected, state, source)
-    model.load_state_dict(dict(state), strict=True)
 
 
 def _log_casts(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], source: str) -> None:

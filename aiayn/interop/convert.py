@@ -15,7 +15,7 @@ from typing import Any
 from aiayn.checkpoint.atomic_io import replace_directory
 from aiayn.interop.hf import Exported, Imported, load_hf, save_hf
 from aiayn.interop.hf_dir import CONFIG_FILE
-from aiayn.pretrained import load_pretrained, save_pretrained
+from aiayn.pretrained import check_replaceable, load_pretrained, save_pretrained
 
 __all__ = ["convert_from_hf", "convert_to_hf", "SOURCE_FILE"]
 
@@ -58,6 +58,7 @@ def convert_to_hf(
     target = Path(hf_dir)
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    check_replaceable(target)  # only a previous export, never someone's notes
     loaded = load_pretrained(our_dir)
     extras = _read_source(loaded.path)
     tokenizer, note = loaded.src_tokenizer, None

@@ -24,6 +24,7 @@ from aiayn.interop.hf_tokenizer import check_fits, read_hf_tokenizers
 from aiayn.interop.keymap import KeyMapError, export_tensors, import_tensors, load_into, tied_keys
 from aiayn.interop.registry import ARCHITECTURES, architecture as lookup_architecture
 from aiayn.models.config import TransformerConfig
+from aiayn.models.meta import meta_state_dict
 from aiayn.models.presets import model_class
 from aiayn.tokenization.base import Tokenizer
 
@@ -90,12 +91,13 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
 
     short, display = _strip_prefix(tensors, arch)
     config = arch.config_from_hf(hf_config, short)
-    model = model_class(config)(config)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # Shapes only (meta tensors): an untrusted config.json allocates nothing until the weights match it.
+    shapes = {k: tuple(v.shape) for k, v in meta_state_dict(config).items()}
     try:
         ours, dropped = import_tensors(short, arch.rules(config), arch.ignores, display, shapes)
     except KeyMapError as e:
         raise KeyMapError(f"{arch.name}: {e}{_other_heads_hint(arch, hf_config, tensors)}") from None
+    model = model_class(config)(config)
     dtype = _common_dtype(ours)
     if dtype is not None and dtype != torch.float32:
         model.to(dtype)  # keep the checkpoint's precision, so export gives back the same bytes

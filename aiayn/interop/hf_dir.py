@@ -11,13 +11,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
 from aiayn.tokenization.base import Tokenizer
 from aiayn.checkpoint.directory import CONFIG_FILE, MODEL_FILE
+from aiayn.checkpoint.errors import CorruptCheckpointError
+from aiayn.checkpoint.safetensors_header import read_header
 from aiayn.tokenization.bpe import BPETokenizer
 from aiayn.tokenization.special import BOS, CLS, EOS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
 
@@ -43,7 +45,9 @@ def missing_dir_message(path: Path) -> str:
 def read_hf_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """``(config.json as a dict, {key: tensor})`` of a local model directory (single or sharded safetensors).
 
-    Raises ``FileNotFoundError`` for a missing directory or file (saying how to get one).
+    Raises ``FileNotFoundError`` for a missing directory or file (saying how to get one), ``ValueError``
+    naming a ``config.json`` or index that is not a JSON object or a shard outside the directory, and
+    ``CorruptCheckpointError`` naming a weights file that is not valid safetensors.
     """
     path = Path(path)
     if not path.is_dir():
@@ -51,12 +55,11 @@ def read_hf_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} has no {CONFIG_FILE}; found: {_listing(path)}. {missing_dir_message(path)}")
-    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config = _read_json_object(config_file)
     if (path / WEIGHTS_FILE).is_file():
         files = [path / WEIGHTS_FILE]
     elif (path / WEIGHTS_INDEX_FILE).is_file():
-        index = json.loads((path / WEIGHTS_INDEX_FILE).read_text(encoding="utf-8"))
-        files = [path / name for name in sorted(set(index["weight_map"].values()))]
+        files = _shard_files(path, _read_json_object(path / WEIGHTS_INDEX_FILE))
     else:
         hint = ""
         if (path / "pytorch_model.bin").is_file():
@@ -67,10 +70,45 @@ def read_hf_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
         raise FileNotFoundError(f"{path} has no {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE}{hint}; found: {_listing(path)}")
     tensors: dict[str, Tensor] = {}
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                tensors[key] = f.get_tensor(key)
+        read_header(file)  # bounded and checked first: names the file and the bad tensor
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    if key in tensors:
+                        raise CorruptCheckpointError(file, f"tensor {key!r} is also in another shard")
+                    tensors[key] = f.get_tensor(key)
+        except SafetensorError as e:
+            raise CorruptCheckpointError(file, f"cannot read it as safetensors ({e})") from None
     return config, tensors
+
+
+def _read_json_object(file: Path) -> dict[str, Any]:
+    """A JSON object from ``file``; ``ValueError`` naming the file otherwise."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{file}: invalid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _shard_files(path: Path, index: dict[str, Any]) -> list[Path]:
+    """The shards named by ``model.safetensors.index.json``, each confined to ``path`` and present."""
+    source = path / WEIGHTS_INDEX_FILE
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{source}: expected a 'weight_map' object of tensor name -> shard file name")
+    root = path.resolve()
+    files = []
+    for name in sorted(set(weight_map.values())):
+        file = (path / name).resolve()
+        if Path(name).is_absolute() or not file.is_relative_to(root) or file.parent != root:
+            raise ValueError(f"{source}: shard {name!r} is outside {path}; shards must be files in the model directory")
+        if not file.is_file():
+            raise FileNotFoundError(f"{source}: shard {name!r} is missing from {path}")
+        files.append(path / name)
+    return files
 
 
 def write_hf_dir(path: str | Path, config: dict[str, Any], tensors: dict[str, Tensor]) -> Path:

@@ -46,6 +46,7 @@ from aiayn.training.evaluate import validate
 from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective
 from aiayn.training.optim import build_optimizer_from_config, build_scheduler
+from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
 from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from aiayn.training.step import StepResult, TrainStep
@@ -81,7 +82,7 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
     run_dir = Path(config.run_dir)
     checkpoint = _resume_point(run_dir, resume)
     if checkpoint is not None and dist_info.is_main:
-        _set_aside_newer(run_dir, checkpoint.step)
+        set_aside_newer(run_dir, checkpoint.step)
     try:
         return _train(config, run_dir, device, dist_info, checkpoint, _with_bleu(eval_hook, loop.eval_bleu))
     finally:
@@ -280,9 +281,11 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
     if resume is False:
         if list_checkpoints(run_dir):
             raise ValueError(f"{run_dir} already holds checkpoints: resume (the default) or choose another run_dir")
+        _refuse_interrupted(run_dir)
         return None
     if resume in (True, "auto"):
         if not list_checkpoints(run_dir):
+            _refuse_interrupted(run_dir)
             if resume is True:
                 raise FileNotFoundError(f"nothing to resume: no complete checkpoint in {run_dir}")
             return None
@@ -290,13 +293,15 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
     return load_checkpoint(resolve_checkpoint(resume))
 
 
-def _set_aside_newer(run_dir: Path, step: int) -> None:
-    """Rename checkpoints newer than the one we resume from (corrupt ones, skipped): the run will redo those steps."""
-    for path in list_checkpoints(run_dir):
-        if int(path.name.split("-")[1]) > step:
-            aside = path.with_name(f"corrupt-{path.name}-{int(time.time())}")
-            path.rename(aside)
-            log.warning("set aside %s as %s: resuming from step %d redoes it", path, aside.name, step)
+def _refuse_interrupted(run_dir: Path) -> None:
+    """No complete checkpoint but interrupted saves: starting over would collide with them, so stop."""
+    interrupted = [p.name for p in warn_incomplete(run_dir) if STEP_DIR.match(p.name)]
+    if interrupted:
+        raise FileExistsError(
+            f"{run_dir} holds no complete checkpoint, only interrupted saves without a {MARKER} marker "
+            f"({', '.join(interrupted)}): there is nothing to resume, and a new run would collide with them. "
+            "Move or delete them, or choose another run_dir"
+        )
 
 
 def _check_same_model(checkpoint: Checkpoint, model_config: TransformerConfig) -> None:
