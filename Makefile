@@ -9,7 +9,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	# torch first, pinned, so pip takes the local CPU wheel and never a CUDA build.
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e '.[dev,serve]'
 	touch $@
 
 setup: $(VENV)/.installed
