@@ -62,8 +62,9 @@ def local_attention(
     """Blocked sliding-window attention of ``q (B, H, n, D)`` over ``k, v (B, Hkv, n, D|Dv)`` -> ``(B, H, n, Dv)``.
 
     ``key_mask``: ``(B|1, n)`` bool, ``True`` = real key. A query with no key in its window gets
-    zeros (and zero gradients). ``block``: queries per block (default: the window's longer side, at
-    least 16, at most ``n``); it must be at least that side.
+    zeros (and zero gradients). ``block``: queries per block (default: a quarter of the window's
+    longer side, at least 16, at most ``n``); a block then sees ``span`` = the window rounded up to
+    whole blocks, plus its own block.
     """
     batch, heads, n, head_dim = q.shape
     kv_heads = k.shape[1]
@@ -77,34 +78,33 @@ def local_attention(
     if heads != kv_heads:  # grouped-query: each key/value head serves H / Hkv query heads
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
-    size = min(max(left, right, 16), n) if block is None else block
-    if size < min(max(left, right), n) or size < 1:
-        raise ValueError(f"block={size} must be at least the window's longer side {max(left, right)} (or n={n})")
-    before = math.ceil(left / size)  # key blocks to the left of a query block that the window can reach
-    after = math.ceil(right / size)
-    n_blocks = math.ceil(n / size)
+    longer = max(left, right)
+    size = min(max(-(-longer // 4), 16), n) if block is None else block  # about a quarter of the window: little waste
+    if size < 1:
+        raise ValueError(f"block must be >= 1, got {size}")
+    before = -(-left // size)  # key blocks to the left of a query block that the window can reach
+    after = -(-right // size)
+    n_blocks = -(-n // size)
     padded = n_blocks * size
     span = (before + 1 + after) * size  # keys visible to one block of queries
 
-    def key_blocks(x: Tensor) -> Tensor:
-        """``(B, H, n, E) -> (B, H, n_blocks, span, E)``: each query block's neighbourhood of keys (a strided view)."""
-        x = F.pad(x, (0, 0, before * size, padded - n + after * size))
-        return x.unfold(2, span, size).transpose(-1, -2)
+    def neighbours(x: Tensor) -> Tensor:
+        """``(B, H, n, E) -> (B, H, nb, span, E)``: each query block's neighbouring key blocks, side by side."""
+        blocks = F.pad(x, (0, 0, 0, padded - n)).view(*x.shape[:2], n_blocks, size, x.shape[-1])
+        blocks = F.pad(blocks, (0, 0, 0, 0, before, after))  # zero blocks beyond both ends
+        return torch.cat([blocks[:, :, o : o + n_blocks] for o in range(before + 1 + after)], dim=3)
 
-    q_blocks = F.pad(q, (0, 0, 0, padded - n)).view(batch, heads, n_blocks, size, head_dim)  # (B, H, nb, P, D)
-    scores = q_blocks @ key_blocks(k).transpose(-1, -2) / math.sqrt(head_dim)  # (B, H, nb, P, span)
+    q_blocks = F.pad(q * head_dim**-0.5, (0, 0, 0, padded - n)).view(batch, heads, n_blocks, size, head_dim)  # (B, H, nb, P, D)
+    scores = q_blocks @ neighbours(k).transpose(-1, -2)  # (B, H, nb, P, span): scaled by 1/sqrt(d_k) through q
 
     # Which (query, key) pairs are allowed: inside the window, a real position, not padding.
     row = torch.arange(size, device=q.device)[:, None]  # query offset in its block
     col = torch.arange(span, device=q.device)[None, :] - before * size  # key offset from the block start
     band = (col - row >= -left) & (col - row <= right)  # (P, span), the same for every block
     key_pos = torch.arange(n_blocks, device=q.device)[:, None] * size + col  # (nb, span)
-    real = (key_pos >= 0) & (key_pos < n)
+    real = ((key_pos >= 0) & (key_pos < n))[None]  # (1, nb, span)
     if key_mask is not None:
-        padded_mask = F.pad(key_mask, (before * size, padded - n + after * size), value=False)
-        real = real & padded_mask.unfold(1, span, size)  # (B|1, nb, span)
-    else:
-        real = real[None]  # (1, nb, span)
+        real = real & neighbours(key_mask[:, None, :, None])[:, 0, :, :, 0]  # (B|1, nb, span)
     allowed = band[None, None] & real[:, :, None, :]  # (B|1, nb, P, span)
     has_key = allowed.any(dim=-1, keepdim=True)
     allowed = (allowed | ~has_key)[:, None]  # (B|1, 1, nb, P, span); empty rows attend anywhere, then zeroed
@@ -114,7 +114,7 @@ def local_attention(
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None).to(q.dtype)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
-    out = weights @ key_blocks(v)  # (B, H, nb, P, Dv)
+    out = weights @ neighbours(v)  # (B, H, nb, P, Dv)
     out = out.masked_fill(~has_key[:, None], 0.0)
     return out.reshape(batch, heads, padded, v.shape[-1])[:, :, :n]
 
