@@ -1,0 +1,70 @@
+"""The tutorial (docs/tutorial/): every notebook runs top to bottom without an error, within its time budget,
+and each stored notebook is the output-free twin of its Jupytext Markdown source."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the tutorial tests need the dev extra (nbformat, nbclient, jupytext)")
+jupytext = pytest.importorskip("jupytext", reason="the tutorial tests need the dev extra (jupytext)")
+nbclient = pytest.importorskip("nbclient", reason="the tutorial tests need the dev extra (nbclient, ipykernel)")
+
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorial"
+SOURCES = sorted(TUTORIAL.glob("[0-9][0-9]-*.md"))
+CPU_BUDGET_S = 120.0  # the issue's bound: <= 2 minutes on a 2-core CPU; one thread's CPU time ~ quiet wall time
+CELL_TIMEOUT_S = 600  # wall clock per cell; generous because the shared machine can be 5x slower than CI
+
+
+def _execute(notebook_path: Path, cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Run the notebook in ``cwd``; raise on the first failing cell; return (wall s, CPU s of the kernel and its children)."""
+    nb = nbformat.read(notebook_path, as_version=4)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits the test's environment
+    try:
+        client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+        client.execute()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def test_there_are_eight_chapters() -> None:
+    assert [p.name[:2] for p in SOURCES] == [f"{i:02d}" for i in range(1, 9)]
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_notebook_is_the_stripped_twin_of_its_markdown(source: Path) -> None:
+    notebook = source.with_suffix(".ipynb")
+    assert notebook.is_file(), f"{notebook.name} is missing: run `jupytext --to ipynb {source.name}` in docs/tutorial"
+    stored = nbformat.read(notebook, as_version=4)
+    text = jupytext.read(source)
+    assert [(c.cell_type, c.source) for c in stored.cells] == [(c.cell_type, c.source) for c in text.cells], (
+        f"{notebook.name} differs from {source.name}: run `jupytext --sync {source.name}` (or --to ipynb)"
+    )
+    for cell in stored.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{notebook.name} holds outputs: strip them"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_notebook_runs(source: Path, tmp_path: Path) -> None:
+    """Each chapter runs where a learner opens it (real data from ../shared/data when present)."""
+    wall, cpu = _execute(source.with_suffix(".ipynb"), TUTORIAL, {"AIAYN_TUTORIAL_OUT": str(tmp_path)})
+    print(f"{source.stem}: {wall:.1f} s wall, {cpu:.1f} s CPU, load average {os.getloadavg()[0]:.1f}")
+    assert cpu <= CPU_BUDGET_S, f"{source.stem} used {cpu:.0f} s of CPU, over the {CPU_BUDGET_S:.0f} s budget"
