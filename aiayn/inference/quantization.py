@@ -36,7 +36,7 @@ def parse_quantize(value: str | None, *, name: str = "quantize") -> str | None:
 
 def check_int8_kernel(device: torch.device | str = "cpu") -> None:
     """Raise ``RuntimeError`` unless this torch build runs ``_weight_int8pack_mm`` on ``device``."""
-    op = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
+    op = _kernel()
     reason = "" if op is not None else "the operator does not exist in this build"
     if op is not None:
         try:
@@ -51,6 +51,11 @@ def check_int8_kernel(device: torch.device | str = "cpu") -> None:
             f"{torch.__version__} cannot run here ({reason}); accepted: quantize one of {', '.join(QUANTIZATIONS)} "
             "on a build that has the kernel, or 'none'"
         )
+
+
+def _kernel() -> object | None:
+    """torch's int8 weight-only matmul, or ``None`` when this build lacks it."""
+    return getattr(torch.ops.aten, "_weight_int8pack_mm", None)
 
 
 class Int8Linear(nn.Module):
