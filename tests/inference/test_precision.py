@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from aiayn import build_model
-from aiayn.decoding import BeamConfig, CausalLMDecoder, Seq2SeqDecoder, beam_search, left_pad, right_pad
+from aiayn.decoding import (
+    BeamConfig,
+    CausalLMDecoder,
+    Seq2SeqDecoder,
+    beam_search,
+    left_pad,
+    right_pad,
+)
 from aiayn.decoding.static import StaticCausalLMDecoder
 from aiayn.inference import cast_model, quantize_int8
 from aiayn.pretrained import load_pretrained, save_pretrained

@@ -6,8 +6,7 @@ import torch
 from torch import nn
 
 from aiayn import build_model
-from aiayn.inference import Int8Linear, quantize_int8
-from aiayn.inference import quantization
+from aiayn.inference import Int8Linear, quantization, quantize_int8
 from aiayn.pretrained import QUANTIZATION_FILE, load_pretrained, save_pretrained
 
 torch.set_num_threads(1)
