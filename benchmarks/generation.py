@@ -40,6 +40,8 @@ from aiayn.decoding.static import StaticCausalLMDecoder
 from aiayn.inference import Int8Linear, cast_model, quantize_int8
 from aiayn.interop.hf import load_hf
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -52,8 +54,8 @@ class Shape:
 
 GPT2 = Shape(n_layers=12, n_heads=12, d_model=768, vocab_size=50257, n_positions=1024)
 QUICK_GPT = Shape(n_layers=2, n_heads=2, d_model=64, vocab_size=512, n_positions=64)
-MARIAN = dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=58101)  # opus-mt-de-en's sizes
-QUICK_MARIAN = dict(d_model=32, layers=2, heads=2, ffn=64, vocab=128)
+MARIAN = {"d_model": 512, "layers": 6, "heads": 8, "ffn": 2048, "vocab": 58101}  # opus-mt-de-en's sizes
+QUICK_MARIAN = {"d_model": 32, "layers": 2, "heads": 2, "ffn": 64, "vocab": 128}
 
 VARIANTS = (
     "ours-fp32", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-bf16-compiled",
@@ -202,7 +204,7 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
     outputs = {name: run(ids) for name, (run, _) in runners.items()}  # warm-up (and compilation), and the tokens
     reference = outputs.get("hf-fp32")
     if reference is not None and "ours-fp32" in outputs and not torch.equal(outputs["ours-fp32"], reference):
-        logging.warning("ours-fp32 tokens differ from hf-fp32: %d leading steps agree", leading_agreement(outputs["ours-fp32"], reference))
+        log.warning("ours-fp32 tokens differ from hf-fp32: %d leading steps agree", leading_agreement(outputs["ours-fp32"], reference))
     times = interleaved({n: (lambda run=run: run(ids)) for n, (run, _) in runners.items()}, args.rounds)
     rows = []
     for name, (_, model) in runners.items():

@@ -11,19 +11,25 @@ general :class:`~aiayn.decoding.adapters.CausalLMDecoder` (its sliding window, i
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from aiayn.decoding.adapters import CausalLMDecoder, _check_max_new, _device, _inputs, _warn_if_training
+from aiayn.decoding.adapters import (
+    CausalLMDecoder,
+    _check_max_new,
+    _device,
+    _inputs,
+    _warn_if_training,
+)
 from aiayn.decoding.protocol import DecodeState
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.nn.cache import StaticKVCache
 from aiayn.nn.positional import LearnedPositions, SinusoidalPositions
 
-__all__ = ["StaticCausalLMDecoder", "prefill", "decode_one", "StaticState"]
+__all__ = ["StaticCausalLMDecoder", "StaticState", "decode_one", "prefill"]
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +129,7 @@ class StaticCausalLMDecoder:
             cache=cache, key_mask=key_mask, column=torch.full((1,), prompt_len, dtype=torch.long, device=ids.device),  # type: ignore[arg-type]
         )
         logits = prefill(model, ids, cache, -pads, key_mask)
-        cache.set_write_columns(state.column)  # type: ignore[arg-type] -- the same tensor every step
+        cache.set_write_columns(state.column)  # type: ignore[arg-type]  # the same tensor every step
         return state, logits
 
     @torch.no_grad()
@@ -132,6 +138,8 @@ class StaticCausalLMDecoder:
             return self._general.step(tokens, state)
         state.append(tokens)  # the history, for repetition penalties and stop strings
         column = state.column
+        if column is None:
+            raise ValueError("state has no cache column: start() it with this decoder")
         logits = self._step(self.model, tokens[:, None], state.cache, column, column - state.pads, state.key_mask)
         column.add_(1)  # in place: the cache's write columns follow
         return logits

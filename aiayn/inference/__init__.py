@@ -2,6 +2,11 @@
 quantisation, applied once at load (see :func:`aiayn.pretrained.load_pretrained`)."""
 
 from aiayn.inference.precision import DTYPES, cast_model, parse_dtype
-from aiayn.inference.quantization import QUANTIZATIONS, Int8Linear, check_int8_kernel, quantize_int8
+from aiayn.inference.quantization import (
+    QUANTIZATIONS,
+    Int8Linear,
+    check_int8_kernel,
+    quantize_int8,
+)
 
-__all__ = ["DTYPES", "cast_model", "parse_dtype", "QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "quantize_int8"]
+__all__ = ["DTYPES", "QUANTIZATIONS", "Int8Linear", "cast_model", "check_int8_kernel", "parse_dtype", "quantize_int8"]

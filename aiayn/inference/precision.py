@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["DTYPES", "parse_dtype", "cast_model"]
+__all__ = ["DTYPES", "cast_model", "parse_dtype"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

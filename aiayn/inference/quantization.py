@@ -12,12 +12,13 @@ one row per token), so a tied output projection is quantised on its own copy.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["QUANTIZATIONS", "Int8Linear", "quantize_int8", "check_int8_kernel", "parse_quantize"]
+__all__ = ["QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "parse_quantize", "quantize_int8"]
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def parse_quantize(value: str | None, *, name: str = "quantize") -> str | None:
 
 def check_int8_kernel(device: torch.device | str = "cpu") -> None:
     """Raise ``RuntimeError`` unless this torch build runs ``_weight_int8pack_mm`` on ``device``."""
-    op = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
+    op = _kernel()
     reason = "" if op is not None else "the operator does not exist in this build"
     if op is not None:
         try:
@@ -53,18 +54,25 @@ def check_int8_kernel(device: torch.device | str = "cpu") -> None:
         )
 
 
+def _kernel() -> Callable[..., Tensor] | None:
+    """torch's int8 weight-only matmul, or ``None`` when this build lacks it."""
+    return getattr(torch.ops.aten, "_weight_int8pack_mm", None)
+
+
 class Int8Linear(nn.Module):
     """``y = x W^T + b`` with ``W`` stored as int8 ``(N, K)`` times fp32 per-row ``scale (N,)``."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, device: torch.device | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.weight: Tensor
+        self.scale: Tensor
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
         self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False) if bias else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         """Quantise ``linear``'s weight row by row (from its own precision, computed in fp32)."""
         weight = linear.weight.detach().float()  # (N, K)
         scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0  # (N,)
@@ -72,7 +80,7 @@ class Int8Linear(nn.Module):
         module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device=weight.device)
         module.weight.copy_(q)
         module.scale.copy_(scale)
-        if linear.bias is not None:
+        if linear.bias is not None and module.bias is not None:
             module.bias.data = linear.bias.detach().clone()
         return module
 

@@ -4,11 +4,10 @@ and a left-padded batch; positions that extrapolate (sinusoidal, rotary, ALiBi) 
 
 import pytest
 import torch
+from decoding_helpers import gpt, random_rows
 
 from aiayn.decoding import CausalLMDecoder, GenerationConfig, generate, left_pad
 from aiayn.decoding.static import StaticCausalLMDecoder
-
-from decoding_helpers import gpt, random_rows
 
 MAX_LEN, NEW = 8, 20
 

@@ -1,0 +1,80 @@
+"""--dtype, --quantize and --compile on the inference commands, and aiayn quantize: the flags reach the
+model, a quantised directory loads back, and bad values are named with the accepted choices."""
+
+import pytest
+import torch
+
+from aiayn import build_model
+from aiayn.cli.main import main
+from aiayn.inference import Int8Linear
+from aiayn.pretrained import QUANTIZATION_FILE, load_pretrained, save_pretrained
+from aiayn.tokenization import CharTokenizer
+
+TEXTS = ["a cat sat", "the dog", "hello world."]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    tokenizer = CharTokenizer.train(TEXTS)
+    out = {}
+    for preset, extra in (("tiny-decoder-only", {}), ("tiny-encoder-decoder", {}), ("tiny-encoder-only", {"n_classes": 2})):
+        torch.manual_seed(0)
+        model = build_model(preset, vocab_size=tokenizer.vocab_size, **extra).eval()
+        out[preset] = str(save_pretrained(tmp_path_factory.mktemp(preset) / "model", model, tokenizer))
+    return out
+
+
+COMMANDS = {
+    "generate": ("tiny-decoder-only", ["--prompt", "a", "--max-new-tokens", "4", "--greedy"]),
+    "translate": ("tiny-encoder-decoder", ["--max-new-tokens", "4", "a cat"]),
+    "fill-mask": ("tiny-encoder-only", ["a <mask>at"]),
+    "classify": ("tiny-encoder-only", ["a cat"]),
+}
+
+
+@pytest.mark.parametrize("flags", [["--dtype", "float16"], ["--dtype", "bfloat16"], ["--quantize", "int8"]])
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_inference_command_takes_dtype_and_quantize(capsys, models, command, flags):
+    preset, argv = COMMANDS[command]
+    assert main([command, "--checkpoint", models[preset], *flags, *argv]) == 0
+    assert capsys.readouterr().out.endswith("\n")  # printed (a random tiny translator may print an empty line)
+
+
+@pytest.mark.parametrize(("flag", "value", "choices"), [
+    ("--dtype", "float64", "'float32', 'bfloat16', 'float16'"), ("--quantize", "int4", "'none', 'int8'"),
+])
+@pytest.mark.parametrize("command", [*COMMANDS, "evaluate"])
+def test_unknown_values_name_the_flag_and_the_choices(capsys, models, command, flag, value, choices):
+    with pytest.raises(SystemExit):
+        main([command, "--checkpoint", models["tiny-decoder-only"], flag, value, "--split", "val"])
+    err = capsys.readouterr().err
+    assert f"argument {flag}: invalid choice: '{value}'" in err and choices in err
+
+
+def test_compile_where_torch_cannot_compile(capsys, models, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.raises(SystemExit, match=r"aiayn generate: --compile: torch .* cannot compile here \(no C\+\+ compiler found\)"):
+        main(["generate", "--checkpoint", models["tiny-decoder-only"], "--compile", *COMMANDS["generate"][1]])
+    assert capsys.readouterr().out == ""  # refused before anything is generated
+
+
+def test_quantize_command_writes_int8_safetensors_that_load_back(capsys, models, tmp_path):
+    out = tmp_path / "int8"
+    assert main(["quantize", "--checkpoint", models["tiny-decoder-only"], "--to", str(out)]) == 0
+    assert "MB ->" in capsys.readouterr().out and (out / QUANTIZATION_FILE).is_file()
+    loaded = load_pretrained(out)
+    assert any(isinstance(m, Int8Linear) for m in loaded.model.modules()) and loaded.src_tokenizer is not None
+    assert main(["generate", "--checkpoint", str(out), *COMMANDS["generate"][1]]) == 0
+    with pytest.raises(SystemExit, match="--to .* exists; pass --overwrite"):
+        main(["quantize", "--checkpoint", models["tiny-decoder-only"], "--to", str(out)])
+
+
+def test_quantize_a_model_without_kernel_names_the_flag(models, tmp_path, monkeypatch):
+    from aiayn.inference import quantization
+
+    monkeypatch.setattr(quantization, "_kernel", lambda: None)
+    with pytest.raises(SystemExit, match=r"--checkpoint .*: quantize='int8' needs torch.ops.aten._weight_int8pack_mm"):
+        main(["generate", "--checkpoint", models["tiny-decoder-only"], "--quantize", "int8", *COMMANDS["generate"][1]])

@@ -1,0 +1,87 @@
+"""Real half-precision weights: cast once at load, logits near fp32, cached = uncached decoding in
+every dtype path (bf16, fp16, int8) for both generative families, beam scores computed in fp32."""
+
+import pytest
+import torch
+
+from aiayn import build_model
+from aiayn.decoding import (
+    BeamConfig,
+    CausalLMDecoder,
+    Seq2SeqDecoder,
+    beam_search,
+    left_pad,
+    right_pad,
+)
+from aiayn.decoding.static import StaticCausalLMDecoder
+from aiayn.inference import cast_model, quantize_int8
+from aiayn.pretrained import load_pretrained, save_pretrained
+
+torch.set_num_threads(1)
+STEPS = 6
+# max |difference| over max |logit|, per path: the dtype's rounding through a 2-layer model
+TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 5e-3, "int8": 3e-2}
+
+
+def tiny(kind, positions="learned"):
+    torch.manual_seed(0)
+    return build_model(kind, dropout=0.0, positions=positions).eval()
+
+
+def transformed(model, path):
+    if path == "int8":
+        return quantize_int8(model)
+    return cast_model(model, getattr(torch, path))
+
+
+def forced(decoder, ids, mask, feed):
+    """Logits after start and after feeding each column of ``feed``, as fp32 ``(B, 1 + STEPS, V)``."""
+    state, logits = decoder.start(ids, mask, max_new_tokens=STEPS + 1)
+    out = [logits]
+    for i in range(feed.shape[1]):
+        out.append(decoder.step(feed[:, i], state))
+    return torch.stack(out, dim=1).float()
+
+
+@pytest.mark.parametrize("path", list(TOLERANCE))
+@pytest.mark.parametrize("kind", ["tiny-decoder-only", "tiny-encoder-decoder"])
+def test_cached_equals_uncached_in_every_dtype_path(kind, path):
+    model = transformed(tiny(kind), path)
+    rows = [[5, 6, 7, 8, 9], [9, 10], [11, 12, 13]]
+    feed = torch.randint(3, 64, (3, STEPS), generator=torch.Generator().manual_seed(1))
+    if kind == "tiny-decoder-only":
+        ids, mask = left_pad(rows)
+        decoders = [CausalLMDecoder(model), StaticCausalLMDecoder(model), CausalLMDecoder(model, use_cache=False)]
+    else:
+        ids, mask = right_pad(rows)
+        decoders = [Seq2SeqDecoder(model), Seq2SeqDecoder(model, use_cache=False)]
+    logits = [forced(d, ids, mask, feed) for d in decoders]
+    scale = logits[-1].abs().max()
+    for other in logits[:-1]:
+        assert torch.isfinite(other).all()
+        assert (other - logits[-1]).abs().max() <= TOLERANCE[path] * scale
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_weights_are_cast_once_at_load_and_stay_near_fp32(tmp_path, dtype):
+    model = tiny("tiny-decoder-only")
+    save_pretrained(tmp_path / "m", model)
+    half = load_pretrained(tmp_path / "m", dtype=dtype).model
+    assert {p.dtype for p in half.parameters()} == {getattr(torch, dtype)}  # the weights themselves, not autocast
+    ids = torch.randint(3, 64, (2, 9))
+    reference, out = model(ids), half(ids)
+    assert out.dtype == getattr(torch, dtype)
+    assert (out.float() - reference).abs().max() <= TOLERANCE[dtype] * reference.abs().max()
+
+
+@pytest.mark.parametrize("path", ["bfloat16", "float16", "int8"])
+def test_beam_scores_are_fp32_log_probabilities_of_the_model(path):
+    model = transformed(tiny("tiny-encoder-decoder", "sinusoidal"), path)
+    src, mask = right_pad([[5, 6, 7, 8], [9, 10, 11]])
+    config = BeamConfig(beam_size=3, max_new_tokens=5, min_new_tokens=5, length_penalty=0.0)
+    for row, (best,) in enumerate(beam_search(model, src, mask, config)):
+        tgt = torch.tensor([[1] + best.tokens])  # BOS + hypothesis, teacher-forced without a cache
+        with torch.no_grad():
+            log_probs = model(src[row : row + 1], tgt[:, :-1], src_mask=mask[row : row + 1]).float().log_softmax(-1)
+        expected = log_probs[0, torch.arange(len(best.tokens)), torch.tensor(best.tokens)].sum()
+        assert best.log_prob == pytest.approx(float(expected), abs=0.05)

@@ -1,0 +1,90 @@
+"""int8 weight-only quantisation: the grid and its scales, logits near fp32, a checkpoint that survives
+save and load bit for bit, and the errors (no Linear layer, no kernel, unknown method)."""
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn import build_model
+from aiayn.inference import Int8Linear, quantization, quantize_int8
+from aiayn.pretrained import QUANTIZATION_FILE, load_pretrained, save_pretrained
+
+torch.set_num_threads(1)
+
+
+def tiny(kind="tiny-decoder-only", **overrides):
+    torch.manual_seed(0)
+    return build_model(kind, dropout=0.0, **overrides).eval()
+
+
+@pytest.mark.parametrize("in_features", [32, 20])  # 20: not a multiple of 16, the dequantising fallback
+def test_int8_linear_matches_its_dequantised_weight(in_features):
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, 24)
+    q = Int8Linear.from_linear(linear)
+    assert q.weight.dtype == torch.int8 and q.scale.dtype == torch.float32
+    # every row's largest weight lands on +-127 and the grid error is at most half a step
+    assert torch.equal(q.weight.abs().amax(dim=1), torch.full((24,), 127, dtype=torch.int8))
+    assert ((q.dequantized() - linear.weight).abs() <= q.scale[:, None] / 2 + 1e-7).all()
+    x = torch.randn(3, 5, in_features)
+    reference = x @ q.dequantized().T + linear.bias  # fp32 math on the int8 grid
+    torch.testing.assert_close(q(x), reference, rtol=2e-2, atol=2e-2)  # bf16 activations
+    assert q(x).dtype == torch.float32 and q(x.half()).dtype == torch.float16
+
+
+@pytest.mark.parametrize("kind", ["tiny-decoder-only", "tiny-encoder-decoder", "tiny-encoder-only"])
+def test_quantised_logits_stay_near_fp32(kind):
+    model = tiny(kind)
+    ids = torch.randint(3, 64, (2, 9))
+    args = (ids, ids[:, :6]) if kind == "tiny-encoder-decoder" else (ids,)
+    reference = model(*args)
+    quantised = quantize_int8(model)
+    assert not any(isinstance(m, nn.Linear) for m in quantised.modules())
+    out = quantised(*args)
+    # stated tolerance: 2% of the logits' range (int8 grid + bf16 activations)
+    assert (out - reference).abs().max() <= 0.02 * reference.abs().max()
+
+
+def test_quantised_checkpoint_survives_save_and_load_bit_for_bit(tmp_path):
+    model = quantize_int8(tiny())
+    save_pretrained(tmp_path / "q", model)
+    assert (tmp_path / "q" / QUANTIZATION_FILE).is_file()
+    loaded = load_pretrained(tmp_path / "q").model  # int8 without being asked: the directory says so
+    before, after = model.state_dict(), loaded.state_dict()
+    assert before.keys() == after.keys()
+    for key in before:
+        assert before[key].dtype == after[key].dtype and torch.equal(before[key], after[key]), key
+    ids = torch.randint(3, 64, (2, 7))
+    assert torch.equal(model(ids), loaded(ids))
+
+
+def test_quantize_at_load_equals_quantize_in_memory(tmp_path):
+    model = tiny()
+    save_pretrained(tmp_path / "m", model)
+    loaded = load_pretrained(tmp_path / "m", quantize="int8").model
+    ids = torch.randint(3, 64, (2, 7))
+    assert torch.equal(loaded(ids), quantize_int8(model)(ids))
+
+
+def test_quantising_a_model_without_linear_layers_is_an_error():
+    with pytest.raises(ValueError, match=r"quantize='int8': Sequential has no nn.Linear layer .*accepted"):
+        quantize_int8(nn.Sequential(nn.ReLU()))
+
+
+def test_a_build_without_the_kernel_is_refused_before_loading(tmp_path, monkeypatch):
+    save_pretrained(tmp_path / "q", quantize_int8(tiny()))
+    monkeypatch.setattr(quantization, "_kernel", lambda: None)
+    with pytest.raises(RuntimeError, match=r"quantize='int8' needs torch.ops.aten._weight_int8pack_mm .* accepted: quantize one of none, int8"):
+        load_pretrained(tmp_path / "q")
+    with pytest.raises(RuntimeError, match="_weight_int8pack_mm"):
+        quantize_int8(tiny())
+
+
+@pytest.mark.parametrize(("argument", "value", "message"), [
+    ("quantize", "int4", "quantize must be one of none, int8, got 'int4'"),
+    ("dtype", "float64", "dtype must be one of float32, bfloat16, float16, got 'float64'"),
+])
+def test_unknown_choices_are_named(tmp_path, argument, value, message):
+    save_pretrained(tmp_path / "m", tiny())
+    with pytest.raises(ValueError, match=message):
+        load_pretrained(tmp_path / "m", **{argument: value})
