@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "attention, or with --html one self-contained HTML page to explore them.",
     )
     model = att.add_mutually_exclusive_group(required=True)
-    model.add_argument("--checkpoint", type=Path, metavar="DIR", help="a saved model directory (save_pretrained) or training checkpoint")
+    model.add_argument("--checkpoint", type=Path, metavar="DIR", help="a saved model directory (save_pretrained), training checkpoint, or Hugging Face model directory")
     model.add_argument("--preset", metavar="NAME", help="an untrained preset with a tiny character tokenizer built from the text")
     att.add_argument("--text", required=True, help="the input (source) text")
     att.add_argument(
@@ -79,10 +79,10 @@ def _attention(args: argparse.Namespace) -> int:
         src_tok = tgt_tok = tokenizer
         source = f"untrained preset {args.preset} (seed {args.seed}) with a {tokenizer.vocab_size}-symbol character vocabulary"
     else:
-        from aiayn.pretrained import load_pretrained
+        from aiayn.api import load_parts  # ours, or a Hugging Face directory with its own tokenizer
 
         try:
-            loaded = load_pretrained(args.checkpoint)
+            loaded = load_parts(args.checkpoint)
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f"aiayn viz attention: {e}") from None
         if loaded.src_tokenizer is None:

@@ -17,7 +17,7 @@ from aiayn.data.encoded import Ragged, TooLong, limit_lengths, pad_batch
 from aiayn.data.readers import ParallelText
 from aiayn.nn.masks import padding_mask_from_lengths
 from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.special import BOS_ID, EOS_ID
+from aiayn.tokenization.special import BOS_ID, EOS_ID, special_ids
 
 __all__ = ["TranslationDataset", "collate_translation"]
 
@@ -48,6 +48,7 @@ class TranslationDataset(Dataset):
         """Tokenize ``pairs``; a pair with ``S`` or ``T`` above ``max_len`` is handled per ``too_long``
         (``"error"``, ``"drop"`` or ``"truncate"``). Raises ``DataError`` when no pair is left."""
         src_ids = src_tokenizer.encode_batch(pairs.src, add_eos=src_eos)
+        src_eos_id = special_ids(src_tokenizer).eos  # ours (2) or the tokenizer's own (Marian: 0)
         tgt_ids = tgt_tokenizer.encode_batch(pairs.tgt)
         src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
         tgt_len = np.array([len(t) + 1 for t in tgt_ids], dtype=np.int64)
@@ -57,7 +58,7 @@ class TranslationDataset(Dataset):
         for i, cut in zip(limit.keep.tolist(), limit.truncate.tolist()):
             s, t = src_ids[i], tgt_ids[i]
             if cut:
-                s = s[: cap - 1] + [EOS_ID] if src_eos else s[:cap]
+                s = s[: cap - 1] + [src_eos_id] if src_eos else s[:cap]
                 t = t[: cap - 1]
             src_out.append(s)
             tgt_out.append(t)
@@ -81,12 +82,16 @@ class TranslationDataset(Dataset):
 
 
 def collate_translation(
-    examples: Sequence[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator | None = None
+    examples: Sequence[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator | None = None,
+    *, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
 ) -> TranslationBatch:
-    """Pad ``(src, y)`` examples into a :class:`TranslationBatch` (``rng`` is unused: no randomness)."""
+    """Pad ``(src, y)`` examples into a :class:`TranslationBatch` (``rng`` is unused: no randomness).
+
+    ``bos_id`` / ``eos_id``: the target tokenizer's (Marian starts from its pad id and ends with 0).
+    """
     src, src_len = pad_batch([e[0] for e in examples])
-    tgt_in, tgt_len = pad_batch([e[1] for e in examples], prefix=BOS_ID)
-    tgt_out, _ = pad_batch([e[1] for e in examples], suffix=EOS_ID)
+    tgt_in, tgt_len = pad_batch([e[1] for e in examples], prefix=bos_id)
+    tgt_out, _ = pad_batch([e[1] for e in examples], suffix=eos_id)
     return TranslationBatch(
         src=src,
         tgt_in=tgt_in,

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from aiayn.data.batch import TranslationBatch
-from aiayn.decoding.adapters import Seq2SeqDecoder
+from aiayn.decoding.text import beam_config, seq2seq_decoder
 from aiayn.decoding.greedy import greedy
 from aiayn.evaluation.metrics import evaluate_translation
 
@@ -31,7 +31,8 @@ def bleu_eval_hook(sentences: int) -> Callable[[nn.Module, Any, int], dict[str, 
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
-        decoder = Seq2SeqDecoder(model)
+        decoder = seq2seq_decoder(model, data.tgt_tokenizer)  # BOS, EOS, pad: the target tokenizer's own
+        ends = beam_config(data.tgt_tokenizer)
         hypotheses: list[str] = []
         references: list[str] = []
         for batch in data.val:
@@ -39,7 +40,7 @@ def bleu_eval_hook(sentences: int) -> Callable[[nn.Module, Any, int], dict[str, 
                 raise TypeError(f"train.eval_bleu needs translation batches, got {type(batch).__name__}")
             take = min(sentences - len(hypotheses), batch.src.shape[0])
             src, src_mask = batch.src[:take].to(device), batch.src_mask[:take].to(device)
-            for tokens in greedy(decoder, src, src_mask).sequences():
+            for tokens in greedy(decoder, src, src_mask, eos_id=ends.eos_id, pad_id=ends.pad_id).sequences():
                 hypotheses.append(data.tgt_tokenizer.decode(tokens))
             for row, mask in zip(batch.tgt_out[:take].tolist(), batch.tgt_mask[:take].tolist()):
                 references.append(data.tgt_tokenizer.decode([t for t, real in zip(row, mask) if real]))

@@ -6,6 +6,7 @@ probabilities are averaged (the members must share the tokenizer).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Sequence, TypeVar
 
@@ -25,10 +26,10 @@ from aiayn.data import (
     collate_classification,
     collate_lm,
 )
-from aiayn.decoding.adapters import Seq2SeqDecoder
 from aiayn.decoding.beam import BeamConfig, beam_search
 from aiayn.decoding.ensemble import ensemble, mean_log_probs
 from aiayn.decoding.protocol import right_pad
+from aiayn.decoding.text import beam_config, seq2seq_decoder, source_ids
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
@@ -62,17 +63,18 @@ def translate_corpus(
 
     ``progress``: a tqdm bar (on stderr) counting sentences.
     """
-    beam = beam or BeamConfig()
+    specials = beam_config(tgt_tokenizer)  # EOS and pad: the target tokenizer's own ids
+    beam = dataclasses.replace(beam or BeamConfig(), eos_id=specials.eos_id, pad_id=specials.pad_id)
     models = _members(model)
-    decoder = ensemble([Seq2SeqDecoder(m) for m in models])
-    encoded = [src_tokenizer.encode(text, add_eos=True) for text in sources]  # EOS on the source, as in training
+    decoder = ensemble([seq2seq_decoder(m, tgt_tokenizer) for m in models])
+    encoded = [source_ids(src_tokenizer, text) for text in sources]  # EOS on the source, as in training
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     out: list[str] = [""] * len(encoded)
     device = next(models[0].parameters()).device
     with tqdm(total=len(order), desc="translating", unit="sent", disable=not progress, dynamic_ncols=True) as bar:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            ids, mask = right_pad([encoded[i] for i in chunk], device=device)
+            ids, mask = right_pad([encoded[i] for i in chunk], specials.pad_id, device=device)
             for i, hyps in zip(chunk, beam_search(decoder, ids, mask, beam)):
                 out[i] = tgt_tokenizer.decode(hyps[0].tokens) if hyps else ""
             bar.update(len(chunk))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from aiayn.data import IGNORE_INDEX, ClassificationBatch, LMBatch, MLMBatch, TranslationBatch
-from aiayn.tokenization.special import PAD_ID
 from aiayn.training.losses import TokenLoss, classification_loss, label_smoothed_cross_entropy, masked_lm_loss
 
 __all__ = ["Objective", "loss_count"]
@@ -22,7 +21,9 @@ class Objective(nn.Module):
         eps = self.label_smoothing
         if isinstance(batch, TranslationBatch):
             logits = self.model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, T, V)
-            return label_smoothed_cross_entropy(logits, batch.tgt_out, pad_id=PAD_ID, smoothing=eps)
+            # Padding is where tgt_mask is False, whatever its id (Marian's EOS is 0, our pad id).
+            targets = batch.tgt_out.masked_fill(~batch.tgt_mask, IGNORE_INDEX)
+            return label_smoothed_cross_entropy(logits, targets, pad_id=IGNORE_INDEX, smoothing=eps)
         if isinstance(batch, LMBatch):
             logits = self.model(batch.input)  # (B, T, V); windows have no padding
             return label_smoothed_cross_entropy(logits, batch.target, pad_id=-100, smoothing=eps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -37,6 +38,7 @@ from aiayn.data.batching import BatchPlan
 from aiayn.data.datasets import SST2_CLASS_NAMES
 from aiayn.tokenization import train_tokenizer, train_tokenizer_pair
 from aiayn.tokenization.base import Tokenizer
+from aiayn.tokenization.special import special_ids
 from aiayn.training.config import DataSection
 
 __all__ = ["TaskData", "build_task_data", "load_splits"]
@@ -123,7 +125,11 @@ def build_task_data(
         def plan(ds: TranslationDataset, shuffle: bool) -> BatchPlan:
             return TokenBudgetBatchSampler([ds.src_lengths, ds.tgt_lengths], data.max_tokens, shuffle=shuffle, seed=seed)
 
-        return _assemble(data, train_set, val_set, plan, collate_translation, (src_tok, tgt_tok), rank, world_size)
+        specials = special_ids(tgt_tok)  # BOS starts and EOS ends every target: the tokenizer's own ids
+        collate = functools.partial(
+            collate_translation, bos_id=specials.need("bos", "translation training"), eos_id=specials.need("eos", "translation training"),
+        )
+        return _assemble(data, train_set, val_set, plan, collate, (src_tok, tgt_tok), rank, world_size)
 
     if data.task == "lm":
         if not isinstance(train_raw, str):

@@ -27,7 +27,8 @@ from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization import N_SPECIAL
 from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.special import BOS_ID, CLS_ID, EOS_ID, SEP_ID
+from aiayn.decoding.text import beam_config, source_ids
+from aiayn.tokenization.special import sentence_ids, special_ids
 
 __all__ = ["AttentionView", "collect_attention", "token_labels", "plot_attention_grid", "VIEW_TITLES"]
 
@@ -86,17 +87,19 @@ def collect_attention(
     tgt_tokenizer = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
     model.eval()
     if isinstance(model, EncoderDecoder):
-        src_ids = src_tokenizer.encode(text, add_eos=True)
+        src_ids = source_ids(src_tokenizer, text)
         src = torch.tensor([src_ids])
+        specials = special_ids(tgt_tokenizer)  # ours, or a pretrained model's own ids
+        bos, eos = specials.need("bos", "attention maps"), specials.need("eos", "attention maps")
         if target is None:
             from aiayn.decoding.greedy import greedy_decode  # only needed here
 
-            out = greedy_decode(model, src, max_len=max_target_len)[0].tolist()
-            y = out[: out.index(EOS_ID)] if EOS_ID in out else out
+            out = greedy_decode(model, src, max_len=max_target_len, bos_id=bos, eos_id=eos, pad_id=beam_config(tgt_tokenizer).pad_id)[0].tolist()
+            y = out[: out.index(eos)] if eos in out else out
             target = tgt_tokenizer.decode(y)
         else:
             y = tgt_tokenizer.encode(target)
-        tgt_ids = [BOS_ID, *y]
+        tgt_ids = [bos, *y]
         maps = model.attention_maps(src, torch.tensor([tgt_ids]))
         src_labels, tgt_labels = token_labels(src_tokenizer, src_ids), token_labels(tgt_tokenizer, tgt_ids)
         views = [
@@ -110,7 +113,8 @@ def collect_attention(
         labels = token_labels(src_tokenizer, ids)
         return [_view("decoder_self", model.attention_maps(torch.tensor([ids]))["decoder_self"], labels, labels)], None
     if isinstance(model, EncoderOnly):
-        ids = [CLS_ID, *src_tokenizer.encode(text), SEP_ID]
+        cls, sep, _ = sentence_ids(src_tokenizer)
+        ids = [cls, *src_tokenizer.encode(text), sep]
         labels = token_labels(src_tokenizer, ids)
         return [_view("encoder", model.attention_maps(torch.tensor([ids]))["encoder"], labels, labels)], None
     raise ValueError(f"model must be an EncoderDecoder, DecoderOnly or EncoderOnly, got {type(model).__name__}")
