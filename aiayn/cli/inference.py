@@ -8,6 +8,7 @@ import sys
 
 from torch import nn
 
+from aiayn.cli.args import device
 from aiayn.pretrained import Pretrained, load_pretrained
 from aiayn.tokenization.base import Tokenizer
 
@@ -25,7 +26,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool 
                             help=help_text + "; repeat it for an ensemble (the models' probabilities are averaged)")
     else:
         parser.add_argument("--checkpoint", required=True, metavar="DIR", help=help_text)
-    parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=device, help="device to run on (default: cpu)")
 
 
 def load_checkpoint(
