@@ -15,6 +15,7 @@ YAML is read with PyYAML's safe loader plus one YAML 1.2 rule: ``5e-4`` and ``1e
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import functools
 import os
@@ -153,6 +154,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         raise _type_error(path, tp, value)
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # .nan/.inf never make a sensible learning rate, penalty, ...
+                raise ValueError(f"{path}: expected a finite number, got {value!r}")
             return float(value)
         raise _type_error(path, tp, value)
     if tp is str:
@@ -228,8 +231,8 @@ def load_yaml(path: str | os.PathLike[str], cls: type[T]) -> T:
         data = parse_yaml_value(text)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
-    if data is None:
-        data = {}
+    if data is None:  # an empty file is a mistake (a wrong path, a truncated copy), never "all defaults"
+        raise ValueError(f"{path}: the config file is empty; write at least the keys that differ from the defaults")
     if not isinstance(data, Mapping):
         raise TypeError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     try:

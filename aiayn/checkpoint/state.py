@@ -120,6 +120,7 @@ class TrainerState:
     data: dict[str, Any] | None
     metrics: dict[str, float]
     best: BestValue | None
+    scaler: dict[str, Any] | None = None  # fp16's GradScaler (scale, growth tracker); None without one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,13 +156,15 @@ def save_checkpoint(
     save_rng: bool = True,
     generators: Mapping[str, Generator] | None = None,
     ranks: Sequence[RankState] = (),
+    scaler: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``run_dir/step-NNNNNN`` atomically and return its path.
 
     ``config`` is a dataclass (stored with its ``to_dict()`` method if it has one, else
     ``config_io.to_dict``) or a JSON-ready mapping; ``data_state`` a JSON-ready dict from the data
     iterator; ``generators`` named generators saved with the global RNG states; ``ranks`` the
-    generators and loader positions of data-parallel ranks 1, 2, ... (``rank-{r}.*``). Everything is checked
+    generators and loader positions of data-parallel ranks 1, 2, ... (``rank-{r}.*``); ``scaler`` the
+    fp16 ``GradScaler.state_dict()``. Everything is checked
     before anything is written. Raises ``ValueError`` naming the first non-finite weight or a
     non-finite metric, ``TypeError`` naming what cannot be stored, ``FileExistsError`` if the
     checkpoint exists, and ``OSError`` (same errno) naming the checkpoint and file when a write fails,
@@ -185,6 +188,7 @@ def save_checkpoint(
         "data": None if data_state is None else dict(data_state),
         "metrics": _check_metrics(metrics or {}),
         "best": None if best is None else dataclasses.asdict(best),
+        "scaler": None if scaler is None else dict(scaler),
     }
     files.append((TRAINER_FILE, _constant(json_bytes(trainer, "trainer state (data_state, metrics)"))))
     if save_rng:
@@ -303,6 +307,7 @@ def _trainer_state(d: dict[str, Any]) -> TrainerState:
         data=d["data"],
         metrics=dict(d["metrics"]),
         best=None if d["best"] is None else BestValue(**d["best"]),
+        scaler=d.get("scaler"),  # absent from checkpoints saved before fp16 scaling was recorded
     )
 
 

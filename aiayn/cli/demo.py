@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from aiayn.cli.args import finite_float
+
 HELP = "train a small Multi30k German->English model, print its test BLEU and translations, draw its attention"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="where the data sets are (default: $AIAYN_DATA_DIR, then the user cache)")
     parser.add_argument("--run-dir", default="runs/demo", help="checkpoints and pictures go here (default: runs/demo)")
-    parser.add_argument("--minutes", type=float, default=9.0, help="training time budget in minutes (default: 9)")
+    parser.add_argument("--minutes", type=finite_float, default=9.0, help="training time budget in minutes (default: 9)")
 
 
 def run(args: argparse.Namespace) -> int:

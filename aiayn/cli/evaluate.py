@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aiayn.cli.args import finite_float
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER
 from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, precision_options, saved_train_config
@@ -28,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--direction", choices=("de-en", "en-de"), help="multi30k direction (default: as trained)")
     parser.add_argument("--data-dir", help="where the data sets are (default: as trained, then $AIAYN_DATA_DIR, then the user cache)")
     parser.add_argument("--beam-size", type=int, default=4, help="translation beam size (default: 4, section 6.1)")
-    parser.add_argument("--length-penalty", type=float, default=0.6, help="alpha of the length penalty (default: 0.6)")
+    parser.add_argument("--length-penalty", type=finite_float, default=0.6, help="alpha of the length penalty (default: 0.6)")
     parser.add_argument("--limit", type=int, help="evaluate only the first N examples (a quick look; not a result)")
     parser.add_argument("--out", help="write the metrics as JSON here (default: eval-DATASET-SPLIT.json in the run directory)")
     parser.add_argument("--hypotheses", help="translation: also write the outputs here, one per line")

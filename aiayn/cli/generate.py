@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from aiayn.cli.args import finite_float
 from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_compile, check_range, load_checkpoint
 from aiayn.decoding.static import StaticCausalLMDecoder
 from aiayn.decoding.streaming import stream_text
@@ -22,10 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, required=True, help="tokens to generate at most")
     parser.add_argument("--min-new-tokens", type=int, default=0, help="tokens before EOS is allowed (default: 0)")
     parser.add_argument("--greedy", action="store_true", help="take the most likely token instead of sampling")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, > 0 (default: 1.0)")
+    parser.add_argument("--temperature", type=finite_float, default=1.0, help="sampling temperature, > 0 (default: 1.0)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    parser.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with probability >= p (nucleus)")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeated tokens (default: 1.0)")
+    parser.add_argument("--top-p", type=finite_float, default=None, help="sample from the smallest set with probability >= p (nucleus)")
+    parser.add_argument("--repetition-penalty", type=finite_float, default=1.0, help="> 1 discourages repeated tokens (default: 1.0)")
     parser.add_argument("--no-repeat-ngram-size", type=int, default=0, help="never repeat an n-gram of this size (default: 0 = off)")
     parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop once this text is generated (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the sampler (default: 0)")

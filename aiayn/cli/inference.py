@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from aiayn.api import load_parts
+from aiayn.cli.args import device
 from aiayn.inference.precision import DTYPES
 from aiayn.inference.quantization import QUANTIZATIONS
 from aiayn.pretrained import Pretrained
@@ -35,7 +36,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool 
                             help=help_text + "; repeat it for an ensemble (the models' probabilities are averaged)")
     else:
         parser.add_argument("--checkpoint", required=True, metavar="DIR", help=help_text)
-    parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=device, help="device to run on (default: cpu)")
     add_precision_arguments(parser, compile=compile)
 
 

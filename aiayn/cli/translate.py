@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from aiayn.cli.args import finite_float
 from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_ensemble, read_texts
 from aiayn.decoding.ensemble import ensemble
 from aiayn.decoding.text import beam_config, seq2seq_decoder, translate_texts
@@ -16,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser, ensemble=True)
     parser.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (default: one per line of stdin)")
     parser.add_argument("--beam-size", type=int, default=4, help="beam size; 1 = greedy (default: 4, section 6.1)")
-    parser.add_argument("--length-penalty", type=float, default=0.6,
+    parser.add_argument("--length-penalty", type=finite_float, default=0.6,
                         help="alpha of the GNMT length penalty ((5 + len) / 6)^alpha (default: 0.6)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="longest output in tokens (default: source length + 50, section 6.1)")

@@ -4,7 +4,9 @@ Files are looked for, in this order, in ``<data_dir>/<name>/`` (the ``data_dir``
 CLI's ``--data-dir``), in ``$AIAYN_DATA_DIR/<name>/``, and in the user cache
 ``$XDG_CACHE_HOME/aiayn/data/<name>/`` (``~/.cache/aiayn/data/<name>/``); if none has them they are
 downloaded from their original public address into the cache, checked against the sha256 sums
-of ``shared/data/README.md``. Offline, the error lists the files to put where.
+of ``shared/data/README.md``. Files found are checked against the same sums once (the result is
+remembered beside each file, see :mod:`aiayn.data.verified`). Offline, the error lists the files to
+put where.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiayn.data.download import fetch_file
 from aiayn.data.errors import DataError, DownloadError
 from aiayn.data.lm import split_text
 from aiayn.data.readers import LabeledText, ParallelText, read_classification, read_parallel, read_text
+from aiayn.data.verified import check_file, remember
 
 __all__ = [
     "ENV_VAR",
@@ -119,6 +122,8 @@ def resolve_files(
     for root, _ in search_dirs(data_dir):
         paths = {f: root / name / f for f in needed}
         if all(p.is_file() for p in paths.values()):
+            for f, path in paths.items():
+                check_file(path, spec.files[f].sha256)  # once; remembered beside the file
             return paths
     failure = "downloads are off (download=False)"
     if download:
@@ -127,6 +132,8 @@ def resolve_files(
             for f in needed:
                 if not (target / f).is_file():
                     fetch_file(spec.files[f].url, target / f, sha256=spec.files[f].sha256, gunzip=spec.files[f].gunzip)
+                    remember(target / f, spec.files[f].sha256)
+                check_file(target / f, spec.files[f].sha256)
             return {f: target / f for f in needed}
         except DownloadError as e:
             failure = f"the download failed: {e}"

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import logging
 import os
 import tempfile
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 from aiayn.data.errors import DownloadError
 
-__all__ = ["fetch_file", "sha256_of"]
+__all__ = ["fetch_file", "sha256_of", "MAX_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -22,24 +24,29 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def fetch_file(url: str, dest: str | Path, *, sha256: str, gunzip: bool = False, timeout: float = 60.0) -> Path:
+MAX_BYTES = 64 * 1024 * 1024  # per file, downloaded and after gunzip; the largest data file is 2.1 MB
+
+
+def fetch_file(
+    url: str, dest: str | Path, *, sha256: str, gunzip: bool = False, timeout: float = 60.0, max_bytes: int = MAX_BYTES
+) -> Path:
     """Download ``url`` (any scheme ``urllib`` opens, ``file://`` included) to ``dest``.
 
     The checksum is of the file as written (after decompression). Nothing is written unless it
-    matches; a partial file never appears at ``dest``. Raises ``DownloadError`` when the fetch
-    fails or the checksum differs.
+    matches; a partial file never appears at ``dest``. At most ``max_bytes`` are read, and at most
+    ``max_bytes`` come out of gunzip (a gzip bomb stops there). Raises ``DownloadError`` when the
+    fetch fails, a bound is passed or the checksum differs.
     """
     dest = Path(dest)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - addresses come from our table
-            data = response.read()
+            data = response.read(max_bytes + 1)
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise DownloadError(f"could not download {url}: {e}") from e
+    if len(data) > max_bytes:
+        raise DownloadError(f"{url} is larger than the limit of {max_bytes} bytes; stopped reading, {dest} was not written")
     if gunzip:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise DownloadError(f"{url} is not a valid gzip file: {e}") from e
+        data = _gunzip(url, data, max_bytes)
     got = sha256_of(data)
     if got != sha256:
         raise DownloadError(
@@ -58,3 +65,15 @@ def fetch_file(url: str, dest: str | Path, *, sha256: str, gunzip: bool = False,
         raise
     logger.info("downloaded %s to %s (%d bytes, sha256 ok)", url, dest, len(data))
     return dest
+
+
+def _gunzip(url: str, data: bytes, max_bytes: int) -> bytes:
+    """Decompress ``data``, refusing to produce more than ``max_bytes``."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            out = f.read(max_bytes + 1)
+    except (OSError, EOFError, zlib.error) as e:
+        raise DownloadError(f"{url} is not a valid gzip file: {e}") from e
+    if len(out) > max_bytes:
+        raise DownloadError(f"{url} decompresses to more than the limit of {max_bytes} bytes; stopped")
+    return out

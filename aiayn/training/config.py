@@ -106,7 +106,7 @@ class LoopSection:
     accumulate: int = 1  # micro-batches per optimizer step
     grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
     label_smoothing: float = 0.0  # the paper used 0.1 for translation (section 5.4)
-    precision: str = "fp32"  # fp32 | bf16 (autocast; CPU with AMX, or GPU) | fp16 (GPU, with a grad scaler)
+    precision: str = "fp32"  # fp32 | bf16 (autocast; CPU with AMX, or GPU) | fp16 (with a grad scaler; GPU, or CPU for tests)
     compile: bool = False  # torch.compile the model
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "init_distributed", "all_reduce_sum", "any_rank", "all_gather_objects", "shutdown"]
+__all__ = ["DistInfo", "init_distributed", "all_reduce_sum", "any_rank", "rank_values", "all_gather_objects", "shutdown"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,16 @@ def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item() > 0)
+
+
+def rank_values(value: int, info: DistInfo, device: torch.device) -> list[int]:
+    """Every rank's small non-negative ``value``, in rank order, on every rank (one all-reduce)."""
+    if not info.enabled:
+        return [value]
+    values = torch.zeros(info.world_size, device=device)
+    values[info.rank] = float(value)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)  # each slot is written by one rank only
+    return [int(v) for v in values.tolist()]
 
 
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:

@@ -77,8 +77,6 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
     dist_info = init_distributed(device)
     if device.type == "cuda" and dist_info.enabled:
         device = torch.device("cuda", dist_info.local_rank)
-    if loop.precision == "fp16" and device.type != "cuda":
-        raise ValueError(f"train.precision=fp16 needs a GPU (a gradient scaler on CUDA); device is {device}. Use bf16 on CPU")
     run_dir = Path(config.run_dir)
     checkpoint = _resume_point(run_dir, resume)
     if checkpoint is not None and dist_info.is_main:
@@ -132,17 +130,19 @@ def _train(
     data = build_task_data(config.data, seed=loop.seed, rank=dist_info.rank, world_size=dist_info.world_size, tokenizers=tokenizers)
     model_config = _model_config(config, data, init)
     _check_lengths(config, model_config)
+    _check_vocabularies(data, model_config)
     model = model_class(model_config)(model_config).to(device)
-    check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
     optimizer = build_optimizer_from_config(model, config.optim)
     scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
+    scaler = torch.amp.GradScaler(device.type, enabled=loop.precision == "fp16")  # fp16: skip overflows, adapt the scale
     if checkpoint is not None:
         _check_same_model(checkpoint, model_config)
         restore_training_state(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, rng=True)
         data.train.load_state_dict(_rank_state(checkpoint, dist_info.rank))
         assert checkpoint.trainer is not None  # restore_training_state checked it
         step, best = checkpoint.step, checkpoint.trainer.best
+        _restore_scaler(scaler, checkpoint)
         log.info("resumed from %s at step %d", checkpoint.path, step)
     else:
         if init is not None:
@@ -158,10 +158,11 @@ def _train(
     autocast = _autocast(loop.precision, device)
     train_step = TrainStep(
         runner, model, optimizer, scheduler=scheduler, grad_clip=loop.grad_clip, nonfinite=loop.nonfinite,
-        autocast=autocast, scaler=torch.amp.GradScaler("cuda", enabled=loop.precision == "fp16"),
+        autocast=autocast, scaler=scaler,
         dist_info=dist_info, device=device,
     )
     saver = _Saver(run_dir, model, model_config, optimizer, scheduler, data, dist_info, loop.retention)
+    saver.scaler = scaler
     metrics_log = None
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -257,6 +258,7 @@ class _Saver:
         self.run_dir, self.model, self.model_config, self.optimizer, self.scheduler = run_dir, model, model_config, optimizer, scheduler
         self.data, self.dist, self.retention = data, dist_info, retention
         self.extra_files: list[Path] = []  # copied into every checkpoint (the config, the tokenizers)
+        self.scaler: torch.amp.GradScaler | None = None  # fp16's, saved so a resume continues its scale
 
     def save(self, step: int, metrics: dict[str, float], best: BestValue | None) -> tuple[Path | None, BestValue | None]:
         """Checkpoint ``step`` with its validation ``metrics`` (empty if none at this step); return (path, best)."""
@@ -271,6 +273,7 @@ class _Saver:
             self.run_dir, step=step, model=self.model, config=self.model_config, optimizer=self.optimizer,
             scheduler=self.scheduler, data_state=self.data.train.state_dict(), metrics=metrics, best=best,
             extra_files=self.extra_files, ranks=ranks,
+            scaler=self.scaler.state_dict() if self.scaler is not None and self.scaler.is_enabled() else None,
         )
         rotate_checkpoints(self.run_dir, self.retention)
         return path, best
@@ -291,6 +294,15 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
             return None
         return load_checkpoint(latest_checkpoint(run_dir))
     return load_checkpoint(resolve_checkpoint(resume))
+
+
+def _restore_scaler(scaler: torch.amp.GradScaler, checkpoint: Checkpoint) -> None:
+    """fp16: continue the saved loss scale (a fresh scale would overflow again for a few steps)."""
+    saved = checkpoint.trainer.scaler if checkpoint.trainer is not None else None
+    if scaler.is_enabled() and saved is not None:
+        scaler.load_state_dict(saved)
+    elif scaler.is_enabled():
+        log.warning("%s holds no fp16 gradient-scaler state: starting from a fresh scale", checkpoint.path)
 
 
 def _refuse_interrupted(run_dir: Path) -> None:
@@ -352,6 +364,14 @@ def _check_lengths(config: TrainConfig, model_config: TransformerConfig) -> None
             f"{name}={longest} is longer than model.max_len={model_config.max_len} (learned positions): "
             f"lower {name} or raise model.max_len"
         )
+
+
+def _check_vocabularies(data: TaskData, model_config: TransformerConfig) -> None:
+    """Fail before building the model when a tokenizer has more ids than its embedding table."""
+    check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
+    if data.task == "translation" and hasattr(model_config, "target_vocab_size"):
+        name = "model.tgt_vocab_size" if model_config.tgt_vocab_size is not None else "model.vocab_size (shared by the target)"  # type: ignore[attr-defined]
+        check_tokenizer_fits(data.tgt_tokenizer, model_config.target_vocab_size, name)  # type: ignore[attr-defined]
 
 
 def _device(name: str) -> torch.device:

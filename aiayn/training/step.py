@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from aiayn.training.distributed import DistInfo, all_reduce_sum, any_rank
+from aiayn.training.distributed import DistInfo, all_reduce_sum, rank_values
 from aiayn.training.losses import TokenLoss
 from aiayn.training.objectives import loss_count
 
@@ -63,14 +63,19 @@ class TrainStep:
         self.scaler = scaler if scaler is not None else torch.amp.GradScaler("cuda", enabled=False)
         self.dist, self.device = dist_info, device
         self.skipped = 0  # non-finite steps skipped in a row
+        self._local_loss = 0.0
 
     def __call__(self, micro: Sequence[Any], number: int) -> StepResult | None:
         """Step ``number`` (1-based, for messages) over the micro-batches ``micro``, already on the device."""
         loss, targets = self._backward(micro)
         self.scaler.unscale_(self.optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf))
-        if any_rank(not (math.isfinite(loss) and math.isfinite(grad_norm)), self.dist, self.device):
-            self._drop(f"non-finite loss ({loss}) or gradient norm ({grad_norm}) at step {number}")
+        # Each rank says whether its own loss (1) or the gradient norm (2) is non-finite, so the message names the rank.
+        codes = rank_values((not math.isfinite(self._local_loss)) + 2 * (not math.isfinite(grad_norm)), self.dist, self.device)
+        if any(codes):
+            if self.scaler.is_enabled() and not any(c & 1 for c in codes):
+                return self._overflow(grad_norm, number)
+            self._drop(f"non-finite loss ({loss}) or gradient norm ({grad_norm}) at step {number}{_where(codes)}")
             return None
         self.skipped = 0
         self.scaler.step(self.optimizer)
@@ -93,7 +98,18 @@ class TrainStep:
                     loss = self.runner(batch)
                 self.scaler.scale(loss.sum * (self.dist.world_size / targets)).backward()
             loss_sum += loss.sum.detach().float()
+        self._local_loss = float(loss_sum)  # this rank's own, before the all-reduce (names a bad rank)
         return float(all_reduce_sum(loss_sum, self.dist)) / max(targets, 1.0), targets
+
+    def _overflow(self, grad_norm: float, number: int) -> None:
+        """fp16: an overflow in the scaled gradients is the GradScaler's business: skip the step, lower the scale."""
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)  # sees the inf found by unscale_ and skips optimizer.step()
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        log.info("step %d: fp16 gradients overflowed (norm %s) at scale %g: step skipped, scale now %g",
+                 number, grad_norm, scale, self.scaler.get_scale())
+        return None
 
     def _drop(self, message: str) -> None:
         """A non-finite step: raise, or (``nonfinite="skip"``) drop it, giving up after too many in a row."""
@@ -105,3 +121,13 @@ class TrainStep:
         if self.skipped >= MAX_SKIPPED_IN_A_ROW:
             raise FloatingPointError(f"{message}; {self.skipped} steps in a row skipped, giving up")
         self.scaler.update()
+
+
+def _where(codes: list[int]) -> str:
+    """Which ranks a non-finite step came from (empty on one process)."""
+    if len(codes) == 1:
+        return ""
+    losses = [str(rank) for rank, code in enumerate(codes) if code & 1]
+    if losses:
+        return f" (non-finite loss on rank {', '.join(losses)} of {len(codes)})"
+    return f" (the all-reduced gradients, on all {len(codes)} ranks)"

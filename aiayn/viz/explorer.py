@@ -41,8 +41,11 @@ def explorer_html(views: list[AttentionView], *, title: str, subtitle: str = "",
             for v in views
         ],
     }
-    # "</" would end the <script> element early (a token such as "</s>"); "<\/" is the same JSON string.
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    # Inside <script>, "</script" ends the element and "<!--<script" sends the HTML parser into its
+    # "double-escaped" state (the page goes blank): the user's text must hold no "<", ">" or "&". JSON has
+    # them only inside strings, where "\u003c" is the same string, so every one is escaped.
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    payload = payload.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
     template = resources.files("aiayn.viz").joinpath("explorer.html").read_text(encoding="utf-8")
     if template.count(_PLACEHOLDER) != 1:
         raise RuntimeError(f"explorer.html must hold the placeholder {_PLACEHOLDER} exactly once")

@@ -28,6 +28,16 @@ def _write_set(root: Path, de: str = DE, en: str = EN) -> Path:
     return root
 
 
+@pytest.fixture()
+def local_spec(tmp_path, monkeypatch):
+    """The multi30k spec with the checksums of DE and EN, so files written by _write_set verify."""
+    files = {
+        name: RemoteFile((tmp_path / "nowhere" / name).as_uri(), hashlib.sha256(text.encode()).hexdigest())
+        for name, text in (("val.de", DE), ("val.en", EN))
+    }
+    monkeypatch.setitem(DATASETS, "multi30k", DatasetSpec("multi30k", {"val": ("val.de", "val.en")}, files))
+
+
 def _remote(tmp_path: Path, monkeypatch, *, corrupt: bool = False, missing: bool = False) -> Path:
     """A fake origin: gzipped files behind file:// URLs, swapped into the multi30k spec."""
     origin = tmp_path / "origin"
@@ -42,19 +52,19 @@ def _remote(tmp_path: Path, monkeypatch, *, corrupt: bool = False, missing: bool
     return origin
 
 
-def test_resolution_order(tmp_path, monkeypatch) -> None:
-    explicit = _write_set(tmp_path / "explicit", de="explicit\n", en="e\n")
-    env = _write_set(tmp_path / "env", de="env\n", en="e\n")
-    _write_set(cache_dir(), de="cache\n", en="e\n")
+def test_resolution_order(tmp_path, monkeypatch, local_spec) -> None:
+    explicit = _write_set(tmp_path / "explicit")
+    env = _write_set(tmp_path / "env")
+    _write_set(cache_dir())
     monkeypatch.setenv(ENV_VAR, str(env))
-    assert load_multi30k("val", data_dir=explicit, download=False).src == ["explicit"]
-    assert load_multi30k("val", data_dir=tmp_path / "nothing_here", download=False).src == ["env"]
+    assert resolve_files("multi30k", "val", data_dir=explicit, download=False)["val.de"] == explicit / "multi30k" / "val.de"
+    assert resolve_files("multi30k", "val", data_dir=tmp_path / "nothing_here", download=False)["val.de"] == env / "multi30k" / "val.de"
     monkeypatch.delenv(ENV_VAR)
-    assert load_multi30k("val", download=False).src == ["cache"]
+    assert resolve_files("multi30k", "val", download=False)["val.de"] == cache_dir() / "multi30k" / "val.de"
     assert cache_dir() == tmp_path / "xdg" / "aiayn" / "data"
 
 
-def test_directions(tmp_path) -> None:
+def test_directions(tmp_path, local_spec) -> None:
     root = _write_set(tmp_path / "d")
     de_en = load_multi30k("val", data_dir=root)
     en_de = load_multi30k("val", direction="en-de", data_dir=root)
@@ -69,7 +79,8 @@ def test_download_checks_sha256_and_writes_into_the_cache(tmp_path, monkeypatch)
     pairs = load_multi30k("val")
     assert pairs.src == ["Ein Mann.", "Zwei Frauen\u00a0lachen. "]
     cached = cache_dir() / "multi30k"
-    assert sorted(p.name for p in cached.iterdir()) == ["val.de", "val.en"]  # no temp files left behind
+    # No temp files left behind; each file's checksum is remembered beside it.
+    assert sorted(p.name for p in cached.iterdir()) == ["val.de", "val.de.sha256", "val.en", "val.en.sha256"]
     assert (cached / "val.de").read_text(encoding="utf-8") == DE
 
 

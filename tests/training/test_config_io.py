@@ -218,7 +218,8 @@ def test_load_yaml_errors_name_the_file_and_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=rf"{path}: cannot parse"):
         load_yaml(path, Run)
     path.write_text("")
-    assert load_yaml(path, Run) == Run()
+    with pytest.raises(ValueError, match=rf"{path}: the config file is empty"):  # never silently "all defaults"
+        load_yaml(path, Run)
 
 
 def test_exponent_float_in_a_yaml_file(tmp_path: Path) -> None:

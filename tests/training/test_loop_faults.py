@@ -49,3 +49,63 @@ def test_resuming_an_older_checkpoint_never_calls_newer_ones_corrupt(tmp_path):
     verify_checkpoint(aside)  # still a valid checkpoint, moved out of the way, not deleted
     assert [p.name for p in list_checkpoints(run)][-1] == "step-000009"
     shutil.rmtree(aside)
+
+
+# --------------------------------------------------------------------------- fp16 with a gradient scaler (CPU)
+
+
+def _overflow_at(monkeypatch, micro_batches: set[int]):
+    """Multiply the loss of the given training micro-batches (1-based) by 1e10: finite in fp32, but the
+    scaled gradients overflow fp16, which is the GradScaler's to handle."""
+    from aiayn.training.objectives import Objective
+
+    original, calls = Objective.forward, {"n": 0}
+
+    def forward(self, batch):
+        loss = original(self, batch)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] in micro_batches:
+                return type(loss)(loss.sum * 1e10, loss.count)
+        return loss
+
+    monkeypatch.setattr(Objective, "forward", forward)
+
+
+def _scaler(run, step):
+    import json
+
+    return json.loads((run / f"step-{step:06d}" / "trainer.json").read_text())["scaler"]
+
+
+def test_fp16_overflow_skips_the_step_and_lowers_the_scale(tmp_path, monkeypatch):
+    _overflow_at(monkeypatch, {2})
+    config = lm_config(tmp_path, steps=4, save_every=2, precision="fp16", device="cpu")
+    result = train(config)  # train.nonfinite=raise (the default) must not fire: the scaler skips the step
+    assert result.step == 4
+    assert _scaler(result.run_dir, 4)["scale"] == 2.0**15  # halved once from 2**16
+    from aiayn.training.metrics_log import read_metrics
+
+    assert sorted(r["step"] for r in read_metrics(result.run_dir) if "loss" in r) == [1, 2, 3, 4]
+
+
+def test_fp16_resume_restores_the_scaler_and_matches_a_straight_run(tmp_path, monkeypatch):
+    import torch
+
+    from aiayn.checkpoint.weights import read_safetensors
+    from aiayn.training.metrics_log import read_metrics
+
+    _overflow_at(monkeypatch, {2})
+    straight = train(lm_config(tmp_path / "a", steps=6, save_every=3, precision="fp16", device="cpu")).run_dir
+    _overflow_at(monkeypatch, {2})
+    config = lm_config(tmp_path / "b", steps=6, save_every=3, precision="fp16", device="cpu")
+    train(dataclasses.replace(config, train=dataclasses.replace(config.train, stop_after=3)))
+    assert _scaler(Path(config.run_dir), 3)["scale"] == 2.0**15
+    monkeypatch.undo()
+    resumed = train(config).run_dir
+    assert _scaler(resumed, 6) == _scaler(straight, 6)  # a fresh scaler would say 2**16 here
+    losses = [{r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r} for run in (straight, resumed)]
+    assert losses[0] == losses[1]
+    a, _ = read_safetensors(straight / "step-000006" / "model.safetensors")
+    b, _ = read_safetensors(resumed / "step-000006" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -110,3 +110,27 @@ def test_explorer_renders_and_reacts_to_hover(tmp_path, browser):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+@pytest.mark.reliability
+def test_hostile_text_renders_as_text(tmp_path, browser):
+    """``<!--<script>`` in the user's text used to blank the page; every string must show exactly as written."""
+    import numpy as np
+
+    from aiayn.viz.attention import AttentionView
+    from aiayn.viz.explorer import write_explorer
+
+    hostile = ["<!--<script>", "</script><script>document.title='pwned'</script>", "&amp;", "-->", "<b>x</b>", "]]>"]
+    weights = np.random.default_rng(0).dirichlet(np.ones(len(hostile)), size=(1, 2, len(hostile))).astype(np.float32)
+    page = write_explorer([AttentionView("encoder", weights, hostile, hostile[::-1])], tmp_path / "e.html",
+                          title="<!--<script> title", subtitle="subtitle </script><!--<script> & more")
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 20).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+    assert browser.find_element(By.ID, "title").text == "<!--<script> title"
+    assert browser.find_element(By.ID, "subtitle").text == "subtitle </script><!--<script> & more"
+    assert [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#qcol .tok .t")] == hostile
+    assert [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#kcol .tok .t")] == hostile[::-1]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#matrix td.cell")) == len(hostile) ** 2
+    assert browser.title != "pwned" and not browser.find_elements(By.TAG_NAME, "b")
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

@@ -24,7 +24,7 @@ def test_self_contained_and_json_round_trips(tmp_path):
     assert "http://" not in html and "https://" not in html  # no CDN, no network
     assert "<link" not in html and "src=" not in html  # nothing loaded from elsewhere
     data = _data(html)
-    assert data["views"][0]["queries"][2] == "</script>"  # escaped as <\/ inside the block, intact after parsing
+    assert data["views"][0]["queries"][2] == "</script>"  # escaped as \u003c/ inside the block, intact after parsing
     assert data["views"][0]["title"] == "encoder-decoder (cross) attention"
     assert (data["views"][0]["layers"], data["views"][0]["heads"]) == (2, 2)
     np.testing.assert_allclose(np.array(data["views"][0]["weights"]), weights, atol=1e-4)
@@ -42,3 +42,18 @@ def test_cli_html(tmp_path, capsys):
     assert [v["name"] for v in data["views"]] == ["encoder", "decoder_self", "decoder_cross"]
     assert data["views"][2]["queries"] == ["<bos>", "h", "i"]
     assert not list(tmp_path.glob("*.png"))
+
+
+HOSTILE = ["<!--<script>", "</script><script>alert(1)</script>", "&amp; &lt;", "-->", "<!--", "]]>", "\u2028\u2029", "<bos>"]
+
+
+@pytest.mark.reliability
+def test_hostile_strings_leave_no_markup_in_the_data_block(tmp_path):
+    weights = np.full((1, 1, len(HOSTILE), len(HOSTILE)), 1 / len(HOSTILE), dtype=np.float32)
+    view = AttentionView("encoder", weights, HOSTILE, HOSTILE[::-1])
+    html = explorer_html([view], title="<!--<script>", subtitle="</script><!--<script>&")
+    block = re.search(r'<script id="attention-data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    assert not set("<>&") & set(block)  # before the fix, "<!--<script>" put the parser into its double-escaped state
+    data = json.loads(block)
+    assert data["views"][0]["queries"] == HOSTILE and data["views"][0]["keys"] == HOSTILE[::-1]
+    assert (data["title"], data["subtitle"]) == ("<!--<script>", "</script><!--<script>&")
