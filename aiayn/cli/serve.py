@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from aiayn.serve.app import create_app
+        from aiayn.serve.server import Server as _Server
         from aiayn.serve.loading import load_served_model
     except ImportError as e:
         raise SystemExit(f"aiayn serve: needs the serve extra ({e}): pip install 'aiayn[serve]'") from None
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise SystemExit(f"aiayn serve: cannot listen on --host {args.host} --port {args.port}: {e}") from None
     failed: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    server: _Server | None = None
 
     def load_failed(error: BaseException) -> None:
         failed.append(error)
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         lambda: load_served_model(args.checkpoint, dtype=args.dtype, device=args.device, name=args.model_name),
         max_batch=args.max_batch, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, on_load_error=load_failed,
     )
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))
+    server = _Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"aiayn serve: listening on http://{shown}:{port} (loading {args.checkpoint}; /health says when it is ready)", flush=True)
