@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
     parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together in one step (default: 8)")
     parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; more get 429 (default: 64)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; larger gets 413 (default: 1 MiB)")
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("max_batch", "max_queue", "max_body_bytes"):
+    for name in ("max_batch", "max_queue", "max_body_bytes", *(("threads",) if args.threads is not None else ())):
         if getattr(args, name) < 1:
             raise SystemExit(f"aiayn serve: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0 <= args.port <= 65535:
@@ -40,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise SystemExit(f"aiayn serve: needs the serve extra ({e}): pip install 'aiayn[serve]'") from None
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
