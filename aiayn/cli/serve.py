@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from aiayn.serve.app import create_app
-        from aiayn.serve.server import Server as _Server
         from aiayn.serve.loading import load_served_model
+        from aiayn.serve.server import Server as _Server
     except ImportError as e:
         raise SystemExit(f"aiayn serve: needs the serve extra ({e}): pip install 'aiayn[serve]'") from None
 
