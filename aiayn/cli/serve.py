@@ -15,6 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
     parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together in one step (default: 8)")
     parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; more get 429 (default: 64)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; larger gets 413 (default: 1 MiB)")
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("max_batch", "max_queue", "max_body_bytes"):
+    for name in ("max_batch", "max_queue", "max_body_bytes", *(("threads",) if args.threads is not None else ())):
         if getattr(args, name) < 1:
             raise SystemExit(f"aiayn serve: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0 <= args.port <= 65535:
@@ -36,9 +37,14 @@ def run(args: argparse.Namespace) -> int:
 
         from aiayn.serve.app import create_app
         from aiayn.serve.loading import load_served_model
+        from aiayn.serve.server import Server as _Server
     except ImportError as e:
         raise SystemExit(f"aiayn serve: needs the serve extra ({e}): pip install 'aiayn[serve]'") from None
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -46,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         raise SystemExit(f"aiayn serve: cannot listen on --host {args.host} --port {args.port}: {e}") from None
     failed: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    server: _Server | None = None
 
     def load_failed(error: BaseException) -> None:
         failed.append(error)
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         lambda: load_served_model(args.checkpoint, dtype=args.dtype, device=args.device, name=args.model_name),
         max_batch=args.max_batch, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, on_load_error=load_failed,
     )
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))
+    server = _Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"aiayn serve: listening on http://{shown}:{port} (loading {args.checkpoint}; /health says when it is ready)", flush=True)

@@ -11,7 +11,7 @@ Needs the optional extra: ``pip install aiayn[serve]``.
 from aiayn.serve.errors import APIError
 from aiayn.serve.loading import ServedModel, load_served_model
 
-__all__ = ["APIError", "ServedModel", "load_served_model", "create_app"]
+__all__ = ["APIError", "ServedModel", "create_app", "load_served_model"]
 
 
 def create_app(*args, **kwargs):  # type: ignore[no-untyped-def]

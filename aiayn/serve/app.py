@@ -30,10 +30,16 @@ from aiayn.serve.lm_engine import LMEngine
 from aiayn.serve.loading import ServedModel
 from aiayn.serve.metrics import ServerMetrics
 from aiayn.serve.middleware import BodyLimitAndMetrics
-from aiayn.serve.schemas import AttentionRequest, ClassificationRequest, CompletionRequest, FillMaskRequest, TranslationRequest
+from aiayn.serve.schemas import (
+    AttentionRequest,
+    ClassificationRequest,
+    CompletionRequest,
+    FillMaskRequest,
+    TranslationRequest,
+)
 from aiayn.serve.seq2seq_engine import Seq2SeqEngine
 
-__all__ = ["create_app", "ServerState", "ENDPOINTS"]
+__all__ = ["ENDPOINTS", "ServerState", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +48,7 @@ ENDPOINTS = {
     "encoder-decoder": ["/v1/translations", "/v1/attention"],
     "encoder-only": ["/v1/classifications", "/v1/fill-mask"],
 }
-_ENGINES: dict[str, type[Worker]] = {"decoder-only": LMEngine, "encoder-decoder": Seq2SeqEngine, "encoder-only": EncoderEngine}
+_ENGINES: dict[str, Callable[..., Worker]] = {"decoder-only": LMEngine, "encoder-decoder": Seq2SeqEngine, "encoder-only": EncoderEngine}
 
 
 class ServerState:
@@ -58,7 +64,7 @@ class ServerState:
     def load(self, load: Callable[[], ServedModel], on_error: Callable[[BaseException], None] | None) -> None:
         try:
             served = load()
-            engine = _ENGINES[served.family](served, self.metrics, max_batch=self.max_batch, max_queue=self.max_queue)  # type: ignore[call-arg]
+            engine = _ENGINES[served.family](served, self.metrics, max_batch=self.max_batch, max_queue=self.max_queue)
             engine.start()
             self.engine, self.served = engine, served
             log.info("model %s (%s) loaded", served.name, served.family)
@@ -299,7 +305,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _validation_body(errors: Any) -> dict[str, Any]:
     """The first pydantic error as an OpenAI error: the field, the value and the rule (the limit)."""
-    error = list(errors)[0]
+    error = next(iter(errors))
     loc = [str(p) for p in error.get("loc", ()) if p != "body"]
     kind = error.get("type", "")
     if kind in ("json_invalid", "json_type"):

@@ -16,7 +16,7 @@ from torch import Tensor
 from aiayn.decoding.protocol import DecodeState
 from aiayn.nn.cache import KVCache, LayerCache
 
-__all__ = ["join", "subset", "trim", "snapshot", "restore"]
+__all__ = ["join", "restore", "snapshot", "subset", "trim"]
 
 
 def join(a: DecodeState, b: DecodeState, pad_id: int) -> DecodeState:

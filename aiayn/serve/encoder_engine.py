@@ -12,7 +12,7 @@ from aiayn.serve.jobs import DONE, Job, Worker
 from aiayn.serve.loading import ServedModel
 from aiayn.serve.metrics import ServerMetrics
 
-__all__ = ["Classify", "FillMask", "EncoderEngine"]
+__all__ = ["Classify", "EncoderEngine", "FillMask"]
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["APIError", "error_body", "bad_field", "ModelFailure"]
+__all__ = ["APIError", "ModelFailure", "bad_field", "error_body"]
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -27,6 +27,6 @@ def bad_field(param: str, value: object, rule: str) -> APIError:
     return APIError(400, f"{param}={value!r} {rule}", param=param, code="invalid_value")
 
 
-def ModelFailure(error: BaseException) -> APIError:  # noqa: N802 (reads as a constructor at call sites)
+def ModelFailure(error: BaseException) -> APIError:
     """The model raised while working on a request: a 500 that says what it raised."""
     return APIError(500, f"the model failed on this request: {type(error).__name__}: {error}", type="server_error", code="model_error")

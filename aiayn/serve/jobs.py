@@ -16,7 +16,7 @@ from typing import Any
 from aiayn.serve.errors import APIError
 from aiayn.serve.metrics import ServerMetrics
 
-__all__ = ["Job", "Worker", "TOKEN", "DONE", "ERROR"]
+__all__ = ["DONE", "ERROR", "TOKEN", "Job", "Worker"]
 
 log = logging.getLogger(__name__)
 

@@ -72,6 +72,7 @@ class LMEngine(Worker):
         self.decoder = CausalLMDecoder(served.model)  # type: ignore[arg-type]
         self.device = next(served.model.parameters()).device
         self.pad_id = served.config.pad_id if served.config.pad_id is not None else 0
+        self.writable = served.tgt_tokenizer.vocab_size
         self.waiting: deque[_Row] = deque()
         self.rows: list[_Row] = []
         self.state: DecodeState | None = None
@@ -182,6 +183,7 @@ class LMEngine(Worker):
     def _choose(self, logits: Tensor, row: _Row) -> int:
         """The next token of ``row`` from its ``logits (V,)``: greedy at temperature 0, else sampled."""
         request: Completion = row.job.payload
+        logits = logits[: self.writable]  # a vocabulary padded past the tokenizer's ids: never emit what cannot be written
         if request.temperature == 0:
             return int(logits.argmax())
         top_p = request.top_p if request.top_p < 1 else None

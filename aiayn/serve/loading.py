@@ -17,7 +17,7 @@ from aiayn.models.config import TransformerConfig
 from aiayn.pretrained import load_pretrained
 from aiayn.tokenization.base import Tokenizer
 
-__all__ = ["ServedModel", "load_served_model", "DTYPES"]
+__all__ = ["DTYPES", "ServedModel", "load_served_model"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import secrets
 
+from aiayn.decoding.encoder_only import encode_masked_text
 from aiayn.serve.encoder_engine import Classify, FillMask
 from aiayn.serve.errors import APIError, bad_field
 from aiayn.serve.lm_engine import Completion
 from aiayn.serve.loading import ServedModel
 from aiayn.serve.schemas import (
-    MAX_INPUTS, MAX_STOPS, UNSUPPORTED_COMPLETION_FIELDS, ClassificationRequest, CompletionRequest, FillMaskRequest,
+    MAX_INPUTS,
+    MAX_STOPS,
+    UNSUPPORTED_COMPLETION_FIELDS,
+    ClassificationRequest,
+    CompletionRequest,
+    FillMaskRequest,
     TranslationRequest,
 )
 from aiayn.serve.seq2seq_engine import Translation
 from aiayn.tokenization.special import CLS_ID, MASK, SEP_ID
-from aiayn.decoding.encoder_only import encode_masked_text
 
-__all__ = ["completion", "translation", "classification", "fill_mask_request", "check_model_name"]
+__all__ = ["check_model_name", "classification", "completion", "fill_mask_request", "translation"]
 
 
 def check_model_name(requested: str | None, served: ServedModel) -> None:

@@ -9,8 +9,14 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "CompletionRequest", "TranslationRequest", "ClassificationRequest", "FillMaskRequest", "AttentionRequest",
-    "UNSUPPORTED_COMPLETION_FIELDS", "MAX_INPUTS", "MAX_STOPS",
+    "MAX_INPUTS",
+    "MAX_STOPS",
+    "UNSUPPORTED_COMPLETION_FIELDS",
+    "AttentionRequest",
+    "ClassificationRequest",
+    "CompletionRequest",
+    "FillMaskRequest",
+    "TranslationRequest",
 ]
 
 MAX_INPUTS = 64  # prompts or texts in one request

@@ -24,7 +24,7 @@ from aiayn.serve.loading import ServedModel
 from aiayn.serve.metrics import ServerMetrics
 from aiayn.tokenization.special import EOS_ID
 
-__all__ = ["Translation", "Seq2SeqEngine"]
+__all__ = ["Seq2SeqEngine", "Translation"]
 
 log = logging.getLogger(__name__)
 

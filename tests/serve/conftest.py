@@ -14,13 +14,13 @@ import pytest
 import torch
 
 pytest.importorskip("fastapi", reason="needs the serve extra (pip install aiayn[serve])")
-import httpx  # noqa: E402
-import uvicorn  # noqa: E402
+import httpx
+import uvicorn
 
-from aiayn import build_model  # noqa: E402
-from aiayn.serve.app import create_app  # noqa: E402
-from aiayn.serve.loading import ServedModel  # noqa: E402
-from aiayn.tokenization import CharTokenizer  # noqa: E402
+from aiayn import build_model
+from aiayn.serve.app import create_app
+from aiayn.serve.loading import ServedModel
+from aiayn.tokenization import CharTokenizer
 
 TEXTS = ["a cat sat on the mat", "the dog ran", "hello world.", "ZQX!?"]
 

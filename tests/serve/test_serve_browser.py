@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import served_model
 from serve_helpers import reference_completion
 
@@ -20,8 +19,8 @@ CHROMEDRIVER = shutil.which("chromedriver")
 if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.skip("needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)", allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs the selenium package (pip install selenium)")
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--window-size=1200,1000")

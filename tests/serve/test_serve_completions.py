@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 
 import pytest
-
 from serve_helpers import reference_completion, sse_events
 
 openai = pytest.importorskip("openai")
@@ -17,7 +16,7 @@ def lm_server(serve, lm_model):
     return serve(lm_model)
 
 
-def client(server) -> "openai.OpenAI":
+def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 

@@ -8,13 +8,13 @@ import concurrent.futures
 import httpx
 import pytest
 import torch
+from conftest import served_model
+from serve_helpers import sse_events
 
 from aiayn.decoding.adapters import Seq2SeqDecoder
 from aiayn.decoding.beam import BeamConfig, beam_search
 from aiayn.decoding.encoder_only import classify, encode_sentences
 from aiayn.tokenization.special import EOS_ID
-from conftest import served_model
-from serve_helpers import sse_events
 
 SOURCES = ["a cat sat", "the dog ran", "hello world.", "mat"]
 

@@ -7,7 +7,6 @@ import concurrent.futures
 import time
 
 import httpx
-
 from serve_helpers import reference_completion
 
 CLIENTS, PER_CLIENT, BUDGET_S = 16, 3, 20.0

@@ -9,9 +9,8 @@ import time
 
 import httpx
 import pytest
-
-from serve_helpers import slow_down, sse_events
 from conftest import served_model
+from serve_helpers import slow_down, sse_events
 
 GOOD = {"prompt": "a cat", "max_tokens": 3, "seed": 0}
 
