@@ -18,6 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+SEGMENT = 1024  # positions per recomputed segment when training on long sequences
 
 __all__ = [
     "feature_map",
@@ -85,12 +88,32 @@ def causal_linear_attention(
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     k, v = _expand_heads(q, k, v)
     batch, heads, length, dim = q.shape
-    dim_v = v.shape[-1]
     if state is None:
-        state = (q.new_zeros(batch, heads, dim, dim_v), q.new_zeros(batch, heads, dim))
-    s0, z0 = state
+        state = (q.new_zeros(batch, heads, dim, v.shape[-1]), q.new_zeros(batch, heads, dim))
+    if length <= SEGMENT or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        out, s, z = _causal_chunks(q, k, v, key_mask, state[0], state[1], chunk)
+        return out, (s, z)
+    # Training on long sequences: segments recomputed in the backward pass (activation
+    # checkpointing), the state carried from one to the next, so that only one segment's
+    # intermediates exist at a time.
+    s, z = state
+    outs = []
+    for first in range(0, length, SEGMENT):
+        part = slice(first, first + SEGMENT)
+        mask = None if key_mask is None else key_mask[:, part]
+        out, s, z = checkpoint(_causal_chunks, q[:, :, part], k[:, :, part], v[:, :, part], mask, s, z, chunk, use_reentrant=False)
+        outs.append(out)
+    return torch.cat(outs, dim=2), (s, z)
+
+
+def _causal_chunks(
+    q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, s0: Tensor, z0: Tensor, chunk: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The chunked formula over one stretch of positions, starting from the state ``(s0, z0)``."""
+    batch, heads, length, dim = q.shape
+    dim_v = v.shape[-1]
     if length == 0:
-        return q.new_zeros(batch, heads, 0, dim_v), state
+        return q.new_zeros(batch, heads, 0, dim_v), s0, z0
     phi_q = feature_map(q)
     phi_k, v = _masked_features(k, v, key_mask)
     size = min(chunk, length)
@@ -109,7 +132,7 @@ def causal_linear_attention(
     numerator = qc @ s_before + within @ vc  # (B, H, nc, C, Dv)
     denominator = qc @ z_before[..., None] + within.sum(dim=-1, keepdim=True)  # (B, H, nc, C, 1)
     out = _normalise(numerator, denominator).reshape(batch, heads, n_chunks * size, dim_v)[:, :, :length]
-    return out, (s_before[:, :, -1] + kv[:, :, -1], z_before[:, :, -1] + ksum[:, :, -1])
+    return out, s_before[:, :, -1] + kv[:, :, -1], z_before[:, :, -1] + ksum[:, :, -1]
 
 
 def linear_attention_reference(

@@ -12,13 +12,14 @@ memory of a sequence stays constant however long it grows.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from aiayn.nn.attention import scaled_dot_product_attention
+
+GROUP_QUERIES = 1024  # queries per recomputed group when training on long sequences
 
 __all__ = ["window_mask", "local_attention", "local_attention_reference", "RingBufferCache", "window_sides"]
 
@@ -63,8 +64,8 @@ def local_attention(
 
     ``key_mask``: ``(B|1, n)`` bool, ``True`` = real key. A query with no key in its window gets
     zeros (and zero gradients). ``block``: queries per block (default: a quarter of the window's
-    longer side, at least 16, at most ``n``); a block then sees ``span`` = the window rounded up to
-    whole blocks, plus its own block.
+    longer side, at least 16, at most ``n``); a block sees the window rounded up to whole blocks,
+    plus its own block.
     """
     batch, heads, n, head_dim = q.shape
     kv_heads = k.shape[1]
@@ -86,37 +87,56 @@ def local_attention(
     after = -(-right // size)
     n_blocks = -(-n // size)
     padded = n_blocks * size
-    span = (before + 1 + after) * size  # keys visible to one block of queries
+    reach = before + after  # extra key blocks a group of query blocks needs beyond its own
 
-    def neighbours(x: Tensor) -> Tensor:
-        """``(B, H, n, E) -> (B, H, nb, span, E)``: each query block's neighbouring key blocks, side by side."""
-        blocks = F.pad(x, (0, 0, 0, padded - n)).view(*x.shape[:2], n_blocks, size, x.shape[-1])
-        blocks = F.pad(blocks, (0, 0, 0, 0, before, after))  # zero blocks beyond both ends
-        return torch.cat([blocks[:, :, o : o + n_blocks] for o in range(before + 1 + after)], dim=3)
+    # Pad so that block b's neighbourhood is blocks b .. b + reach of the padded keys; padding is
+    # never attended (its validity is False).
+    q_pad = F.pad(q * head_dim**-0.5, (0, 0, 0, padded - n))  # scaled by 1/sqrt(d_k) here: n*D work, not n*span
+    k_pad = F.pad(k, (0, 0, before * size, padded - n + after * size))
+    v_pad = F.pad(v, (0, 0, before * size, padded - n + after * size))
+    valid = torch.ones(1, n, dtype=torch.bool, device=q.device) if key_mask is None else key_mask
+    valid = F.pad(valid, (before * size, padded - n + after * size), value=False)  # (B|1, n padded)
 
-    q_blocks = F.pad(q * head_dim**-0.5, (0, 0, 0, padded - n)).view(batch, heads, n_blocks, size, head_dim)  # (B, H, nb, P, D)
-    scores = q_blocks @ neighbours(k).transpose(-1, -2)  # (B, H, nb, P, span): scaled by 1/sqrt(d_k) through q
+    def attend_blocks(q_g: Tensor, k_g: Tensor, v_g: Tensor, valid_g: Tensor) -> Tensor:
+        """Query blocks ``q_g (B, H, m P, D)`` over their keys ``k_g, v_g (B, H, (m + reach) P, D)``."""
+        m = q_g.shape[2] // size
 
-    # Which (query, key) pairs are allowed: inside the window, a real position, not padding.
+        def neighbours(x: Tensor) -> Tensor:  # (..., (m + reach) P, E) -> (..., m, span, E), blocks side by side
+            blocks = x.reshape(*x.shape[:-2], m + reach, size, x.shape[-1])
+            return torch.cat([blocks[..., o : o + m, :, :] for o in range(reach + 1)], dim=-2)
+
+        scores = q_g.reshape(batch, heads, m, size, head_dim) @ neighbours(k_g).transpose(-1, -2)  # (B, H, m, P, span)
+        allowed = band[None] & neighbours(valid_g[..., None])[..., None, :, 0]  # (B|1, m, P, span)
+        has_key = allowed.any(dim=-1, keepdim=True)
+        allowed = (allowed | ~has_key)[:, None]  # empty rows attend anywhere, then are zeroed
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None).to(q.dtype)
+        if dropout_p > 0.0:
+            weights = F.dropout(weights, p=dropout_p)
+        out = (weights @ neighbours(v_g)).masked_fill(~has_key[:, None], 0.0)  # (B, H, m, P, Dv)
+        return out.reshape(batch, heads, m * size, v.shape[-1])
+
+    # Which (query, key) offsets are inside the window: the same (P, span) band for every block.
     row = torch.arange(size, device=q.device)[:, None]  # query offset in its block
-    col = torch.arange(span, device=q.device)[None, :] - before * size  # key offset from the block start
-    band = (col - row >= -left) & (col - row <= right)  # (P, span), the same for every block
-    key_pos = torch.arange(n_blocks, device=q.device)[:, None] * size + col  # (nb, span)
-    real = ((key_pos >= 0) & (key_pos < n))[None]  # (1, nb, span)
-    if key_mask is not None:
-        real = real & neighbours(key_mask[:, None, :, None])[:, 0, :, :, 0]  # (B|1, nb, span)
-    allowed = band[None, None] & real[:, :, None, :]  # (B|1, nb, P, span)
-    has_key = allowed.any(dim=-1, keepdim=True)
-    allowed = (allowed | ~has_key)[:, None]  # (B|1, 1, nb, P, span); empty rows attend anywhere, then zeroed
-
+    col = torch.arange((reach + 1) * size, device=q.device)[None, :] - before * size  # key offset from the block start
+    band = (col - row >= -left) & (col - row <= right)
     half = q.dtype in (torch.float16, torch.bfloat16)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None).to(q.dtype)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
-    out = weights @ neighbours(v)  # (B, H, nb, P, Dv)
-    out = out.masked_fill(~has_key[:, None], 0.0)
-    return out.reshape(batch, heads, padded, v.shape[-1])[:, :, :n]
+
+    # Training on long sequences: groups of blocks, each recomputed in the backward pass
+    # (activation checkpointing), so that only one group's scores exist at a time: memory O(n D),
+    # like the fused SDPA kernel, instead of O(n w).
+    group = max(1, GROUP_QUERIES // size)
+    if n_blocks <= group or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return attend_blocks(q_pad, k_pad, v_pad, valid)[:, :, :n]
+    outs = []
+    for first in range(0, n_blocks, group):
+        last = min(first + group, n_blocks)
+        keys = slice(first * size, (last + reach) * size)
+        outs.append(checkpoint(
+            attend_blocks, q_pad[:, :, first * size : last * size], k_pad[:, :, keys], v_pad[:, :, keys],
+            valid[:, keys], use_reentrant=False,
+        ))
+    return torch.cat(outs, dim=2)[:, :, :n]
 
 
 class RingBufferCache:

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import aiayn.nn.linear_attention as linear_module
 from aiayn.nn.kernels import LinearKernel
 from aiayn.nn.linear_attention import causal_linear_attention, linear_attention, linear_attention_reference
 
@@ -32,6 +33,19 @@ def test_chunked_causal_equals_naive_forward_and_backward(chunk):
     ours = torch.autograd.grad((out * weight).sum(), (q, k, v))
     theirs = torch.autograd.grad((ref * weight).sum(), (q, k, v))
     for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b)
+
+
+def test_recomputed_segments_equal_naive(monkeypatch):
+    """Long training sequences go through checkpointed segments carrying the state: same values, same gradients."""
+    monkeypatch.setattr(linear_module, "SEGMENT", 8)
+    q, k, v = inputs(27)
+    key_mask = padding(27)
+    out, _ = causal_linear_attention(q, k, v, key_mask=key_mask, chunk=4)
+    ref = linear_attention_reference(q, k, v, causal=True, key_mask=key_mask)
+    torch.testing.assert_close(out, ref)
+    weight = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad((out * weight).sum(), (q, k, v)), torch.autograd.grad((ref * weight).sum(), (q, k, v))):
         torch.testing.assert_close(a, b)
 
 
