@@ -98,8 +98,13 @@ def load_pretrained(path: str | os.PathLike[str], *, device: str | torch.device 
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_file}: invalid JSON ({e})") from None
     model = model_class(config)(config)
-    state, _ = read_safetensors(directory / MODEL_FILE)
-    load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
+    from aiayn.checkpoint.sharded import is_sharded, read_sharded_model_state  # DCP only when needed
+
+    if is_sharded(directory):  # a train.parallel=fsdp checkpoint: DCP shards, read whole
+        read_sharded_model_state(directory, model)
+    else:
+        state, _ = read_safetensors(directory / MODEL_FILE)
+        load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
     model.to(device).eval()
     src_tok = tgt_tok = None
     if any((directory / f"{prefix}{name}").is_file() for prefix in ("", "src_") for name in _TOKENIZER_NAMES):

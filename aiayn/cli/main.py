@@ -12,6 +12,7 @@ from aiayn.cli import bench, copy_task, explain, lab, train, viz
 from aiayn.cli import classify, fill_mask, generate, translate
 from aiayn.cli import convert, demo, evaluate
 from aiayn.cli import average, plot
+from aiayn.cli import consolidate
 
 # name -> (help line, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -30,6 +31,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "classify": (classify.HELP, classify.add_arguments, classify.run),
     "convert": (convert.HELP, convert.add_arguments, convert.run),
     "evaluate": (evaluate.HELP, evaluate.add_arguments, evaluate.run),
+    "consolidate": (consolidate.HELP, consolidate.add_arguments, consolidate.run),
 }
 
 

@@ -56,8 +56,9 @@ class TransformerConfig:
     bias: bool = True
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), section 3.4
     init_std: float | None = None  # None = Xavier-uniform linears; a float = normal(0, std) (GPT, BERT)
-    attention_backend: str = "sdpa"
+    attention_backend: str = "auto"  # auto (math for half-precision CPU training at <= 128 keys, else sdpa) | math | sdpa
     pad_id: int | None = PAD_ID  # None: no padding token (masks must then be given explicitly)
+    qk_norm: bool = False  # RMS-normalise queries and keys per head (a speedrun option; not in the paper)
 
     def __post_init__(self) -> None:
         _positive(self, "d_model", "n_heads", "d_ff", "max_len")
@@ -103,6 +104,7 @@ class TransformerConfig:
             dropout=self.dropout, attention_dropout=self.attention_dropout,
             activation_dropout=self.activation_dropout, activation=self.activation, norm=self.norm,
             norm_eps=self.norm_eps, pre_norm=self.pre_norm, bias=self.bias, backend=self.attention_backend,
+            qk_norm=self.qk_norm,
         )
 
     def to_dict(self) -> dict[str, Any]:

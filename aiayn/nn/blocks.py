@@ -39,6 +39,7 @@ class LayerSpec:
     pre_norm: bool = False
     bias: bool = True
     backend: str = "sdpa"
+    qk_norm: bool = False
 
 
 class TransformerLayer(nn.Module):
@@ -55,6 +56,7 @@ class TransformerLayer(nn.Module):
             return MultiHeadAttention(
                 spec.d_model, spec.n_heads, n_kv_heads=spec.n_kv_heads, bias=spec.bias,
                 attention_dropout=spec.attention_dropout, backend=spec.backend, positions=positions,
+                qk_norm=spec.qk_norm,
             )
 
         def norm() -> nn.Module:

@@ -25,6 +25,8 @@ class MultiHeadAttention(nn.Module):
     ``positions``: a module whose ``rotate``/``bias`` hooks apply to self-attention (rotary, ALiBi);
     leave it ``None`` for cross-attention, where query and key positions are unrelated.
     ``attention_dropout``: dropout on the attention weights (an option; the paper drops sublayer outputs).
+    ``qk_norm``: RMS-normalise each head's queries and keys before positions and scores (Dehghani et
+    al., 2023; OLMo 2, the modded-nanogpt speedruns), which bounds the logits and allows larger rates.
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class MultiHeadAttention(nn.Module):
         attention_dropout: float = 0.0,
         backend: str = "sdpa",
         positions: PositionalEncoding | None = None,
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -55,6 +58,9 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_o = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
         self.positions = positions
+        if qk_norm:  # only then: the checkpoint keys of a model without it do not change
+            self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim), nn.RMSNorm(self.head_dim)
+        self.qk_norm = qk_norm
 
     def forward(
         self,
@@ -83,12 +89,16 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._project_self(x)  # (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)
         else:
             q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
+        if self.qk_norm:
+            q = self.q_norm(q)
         if memory is not None and cache is not None and cache.filled:
             k, v = cache.k, cache.v  # cross-attention: the encoder output was projected before
         else:
             if memory is not None:
                 k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
                 v = self._split(self.w_v(memory), self.n_kv_heads)
+            if self.qk_norm:
+                k = self.k_norm(k)
             if memory is None and self.positions is not None:
                 q, k = self.positions.rotate(q, k, offset)
             if cache is not None:
