@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -190,7 +191,9 @@ def read_sharded_model_state(path: str | os.PathLike[str], model: nn.Module) -> 
     """Load the whole model of sharded checkpoint ``path`` into ``model`` (one process, no process group)
     and return its state dict (tied weights stay one tensor)."""
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=Path(path) / SHARDED_DIR, no_dist=True)  # in place, into the model's tensors
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=Path(path) / SHARDED_DIR, no_dist=True)  # in place, into the model's tensors
     return model.state_dict()
 
 
