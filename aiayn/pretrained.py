@@ -183,14 +183,21 @@ def load_pretrained(
         raise ValueError(f"{config_file}: invalid JSON ({e})") from None
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{config_file}: not a valid model config ({e})") from None
-    check_config_backed(config, directory / MODEL_FILE)
+    from aiayn.checkpoint.sharded import is_sharded, read_sharded_model_state  # DCP only when needed
+
+    sharded = is_sharded(directory)
+    if not sharded and _stored_quantization(directory) is None:  # int8 and DCP files hold other tensors than the fp32 model
+        check_config_backed(config, directory / MODEL_FILE)
     model = model_class(config)(config)
     stored_int8 = _stored_quantization(directory) is not None
     if stored_int8:
         check_int8_kernel(device)
         quantize_int8(model)  # the int8 layout, then the stored int8 weights and scales fill it
-    state, _ = read_safetensors(directory / MODEL_FILE)
-    load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
+    if sharded:  # a train.parallel=fsdp checkpoint: DCP shards, read whole
+        read_sharded_model_state(directory, model)
+    else:
+        state, _ = read_safetensors(directory / MODEL_FILE)
+        load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
     prepare_for_inference(model, device=device, dtype=torch_dtype, quantize=None if stored_int8 else quantize)
     src_tok = tgt_tok = None
     if any((directory / f"{prefix}{name}").is_file() for prefix in ("", "src_") for name in _TOKENIZER_NAMES):

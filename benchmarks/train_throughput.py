@@ -181,7 +181,8 @@ def compare(
     generator = torch.Generator().manual_seed(seed)
     data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=generator)
     ids, targets = data[:, :-1], data[:, 1:]
-    pair = (Trainer(ours, ours_logits, dtype, adamw), Trainer(peer, peer_logits, dtype, adamw))
+    own = adamw == "own"  # each side its library's choice: fused for ours (build_optimizer), torch's default for the peer
+    pair = (Trainer(ours, ours_logits, dtype, "fused" if own else adamw), Trainer(peer, peer_logits, dtype, "default" if own else adamw))
     warm = [_timed(t, ids, targets, 1) for t in pair for _ in range(2)]  # allocator and kernel warm-up
     if steps is None:
         steps = max(1, round(target_s / statistics.mean(warm)))
@@ -214,7 +215,10 @@ def profile_steps(
 
     dtype = DTYPES[dtype_name]
     data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=torch.Generator().manual_seed(2))
-    for name, trainer in (("ours", Trainer(ours, ours_logits, dtype, adamw)), ("peer", Trainer(peer, peer_logits, dtype, adamw))):
+    own = adamw == "own"
+    trainers = (("ours", Trainer(ours, ours_logits, dtype, "fused" if own else adamw)),
+                ("peer", Trainer(peer, peer_logits, dtype, "default" if own else adamw)))
+    for name, trainer in trainers:
         trainer.step(data[:, :-1], data[:, 1:])
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(2):
@@ -253,11 +257,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "machine: threads that wait on a busy core stall every parallel op; 0 = torch's choice)")
     p.add_argument("--peer-activation", default="gelu_new", help="GPT2Config.activation_function of the peer "
                    "(default: gelu_new, GPT-2's; gelu_pytorch_tanh is the same function as one fused kernel)")
-    p.add_argument("--ours-attention", choices=("sdpa", "math"), default="sdpa",
-                   help="our config's attention_backend (default: sdpa, the library default; the peer always uses its default)")
-    p.add_argument("--adamw", choices=("default", "foreach", "fused"), default="default",
+    p.add_argument("--ours-attention", choices=("auto", "sdpa", "math"), default="auto",
+                   help="our config's attention_backend (default: auto, the library default; the peer always uses its default)")
+    p.add_argument("--adamw", choices=("default", "foreach", "fused", "own"), default="default",
                    help="AdamW implementation on both sides (default: torch's choice, a for-loop on the CPU; "
-                   "aiayn's build_optimizer takes fused)")
+                   "own: each side its library's choice, fused for ours as aiayn's build_optimizer takes, torch's default for the peer)")
+    p.add_argument("--compile", action="store_true", help="torch.compile both models (forward and backward)")
     p.add_argument("--peak-n", type=int, default=2048, help="size of the square matmul that measures the peak (default: 2048)")
     p.add_argument("--profile", action="store_true", help="also print torch.profiler tables of two steps of each model")
     p.add_argument("--quick", action="store_true", help="a tiny shape, 2 rounds of 1 step (a smoke test in seconds)")
@@ -307,11 +312,13 @@ def _run(args: argparse.Namespace) -> list[Row]:
     for shape in args.shape_list:
         ours, peer = build_pair(shape, peer_activation=args.peer_activation, ours_attention=args.ours_attention)
         a, b = check_same_loss(shape, ours, peer)
+        if args.compile:
+            ours, peer = torch.compile(ours), torch.compile(peer)
         n_params = sum(p.numel() for p in ours.parameters())
         print(f"\n{shape.name}: {shape.n_layers} layers, {shape.n_heads} heads, d_model {shape.d_model}, batch "
               f"{shape.batch} x {shape.seq_len}, vocab {shape.vocab_size}: {n_params / 1e6:.2f} M parameters "
               f"(peer: {sum(p.numel() for p in peer.parameters()) / 1e6:.2f} M); attention: ours {args.ours_attention!r}, peer "
-              f"{peer.config._attn_implementation!r}; peer activation {args.peer_activation!r}; AdamW {args.adamw}; "
+              f"{peer.config._attn_implementation!r}; compiled {args.compile}; peer activation {args.peer_activation!r}; AdamW {args.adamw}; "
               f"same-weights loss {a:.5f} vs {b:.5f}")
         for dtype_name in args.dtype_list:
             row = compare(

@@ -79,7 +79,10 @@ def _canonical_names(state: dict[str, Tensor]) -> dict[str, str]:
 
 def _read_model(path: Path) -> tuple[str, dict[str, Tensor]]:
     if path.is_dir():
-        verify_checkpoint(path)
+        if verify_checkpoint(path).get("sharded"):  # train.parallel=fsdp: DCP shards, read whole
+            from aiayn.checkpoint.sharded import read_sharded_weights
+
+            return str(path), read_sharded_weights(path)
         file = path / MODEL_FILE
         return str(file), read_safetensors(file)[0]
     return str(path), read_weights(path)

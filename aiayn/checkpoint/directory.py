@@ -119,7 +119,8 @@ def verify_checkpoint(path: str | os.PathLike[str], *, check_hashes: bool = True
         raise CorruptCheckpointError(path / MARKER, f"expected a format-{FORMAT} marker with a 'files' table")
     if isinstance(marker.get("step"), bool) or not isinstance(marker.get("step"), int):
         raise CorruptCheckpointError(path / MARKER, f"expected an int 'step', got {marker.get('step')!r}")
-    for required in (MODEL_FILE, CONFIG_FILE):
+    # A sharded checkpoint (train.parallel=fsdp, see sharded.py) holds DCP shards instead of the model file.
+    for required in (("dcp/.metadata", CONFIG_FILE) if marker.get("sharded") == "dcp" else (MODEL_FILE, CONFIG_FILE)):
         if required not in files:
             raise CorruptCheckpointError(path / required, f"not listed in {MARKER}")
     for pair in ((OPTIMIZER_TENSORS, OPTIMIZER_JSON), (RNG_TENSORS, RNG_JSON)):

@@ -252,6 +252,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Verify and read one checkpoint directory; ``CorruptCheckpointError`` names a bad file."""
     path = Path(path)
     marker = verify_checkpoint(path)
+    if marker.get("sharded"):
+        raise ValueError(
+            f"{path} is a sharded (DCP) checkpoint written with train.parallel=fsdp: resume it with "
+            "train.parallel=fsdp, or write a model directory from it with `aiayn consolidate`"
+        )
     names = set(marker["files"])
     model_state, _ = read_safetensors(path / MODEL_FILE)
     config = read_json(path / CONFIG_FILE)

@@ -14,6 +14,7 @@ from aiayn.cli import convert, demo, evaluate
 from aiayn.cli import average, listing, plot
 from aiayn.cli import serve
 from aiayn.cli import quantize
+from aiayn.cli import consolidate
 
 # name -> (help line, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
@@ -36,6 +37,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "quantize": (quantize.HELP, quantize.add_arguments, quantize.run),
     "recipes": (listing.RECIPES_HELP, listing.add_no_arguments, listing.run_recipes),
     "presets": (listing.PRESETS_HELP, listing.add_no_arguments, listing.run_presets),
+    "consolidate": (consolidate.HELP, consolidate.add_arguments, consolidate.run),
 }
 
 

@@ -57,7 +57,7 @@ class TransformerConfig:
     bias: bool = True
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), section 3.4
     init_std: float | None = None  # None = Xavier-uniform linears; a float = normal(0, std) (GPT, BERT)
-    attention_backend: str = "sdpa"
+    attention_backend: str = "auto"  # auto (math for half-precision CPU training at <= 128 keys, else sdpa) | math | sdpa
     pad_id: int | None = PAD_ID  # None: no padding token (masks must then be given explicitly)
     attention: str = "softmax"  # self-attention kernel: softmax (the paper) | local | linear; cross-attention stays softmax
     window: int | None = None  # attention="local": keys per query (causal: the last window; bidirectional: centred)
@@ -65,6 +65,7 @@ class TransformerConfig:
     ssm_state: int = 16  # mixer="ssm": state size N per channel
     ssm_conv: int = 4  # mixer="ssm": width of the causal depthwise convolution
     ssm_expand: int = 2  # mixer="ssm": channels E = ssm_expand * d_model
+    qk_norm: bool = False  # RMS-normalise queries and keys per head (a speedrun option; not in the paper)
 
     def __post_init__(self) -> None:
         _positive(self, "d_model", "n_heads", "d_ff", "max_len")
@@ -130,6 +131,7 @@ class TransformerConfig:
             norm_eps=self.norm_eps, pre_norm=self.pre_norm, bias=self.bias, backend=self.attention_backend,
             attention=self.attention, window=self.window, mixer=self.mixer, ssm_state=self.ssm_state,
             ssm_conv=self.ssm_conv, ssm_expand=self.ssm_expand,
+            qk_norm=self.qk_norm,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,6 +6,9 @@
   (for learning and visualisation).
 * ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention``, which picks a fused kernel
   (flash / memory-efficient) when it can.
+* ``"auto"`` (the models' default): ``"math"`` when training in half precision on the CPU with at
+  most ``AUTO_MATH_MAX_KEYS`` keys, where torch's CPU flash kernel's backward is 2-4x slower than the
+  formula (measured in ``docs/benchmarks.md``); ``"sdpa"`` everywhere else. A named backend is always obeyed.
 
 Masks follow :mod:`aiayn.nn.masks`: bool, ``True`` = may attend. Fully masked query rows give an
 all-zero output and zero gradients in both backends (no NaN, no ``-1e9`` that overflows fp16).
@@ -22,10 +25,20 @@ from torch import Tensor
 
 from aiayn.nn.masks import causal_mask, check_attention_mask
 
-Backend = Literal["math", "sdpa"]
-BACKENDS: tuple[str, ...] = ("math", "sdpa")
+Backend = Literal["math", "sdpa", "auto"]
+BACKENDS: tuple[str, ...] = ("math", "sdpa", "auto")
+AUTO_MATH_MAX_KEYS = 128
 
-__all__ = ["scaled_dot_product_attention", "BACKENDS", "Backend"]
+__all__ = ["scaled_dot_product_attention", "resolve_backend", "BACKENDS", "Backend", "AUTO_MATH_MAX_KEYS"]
+
+
+def resolve_backend(backend: str, q: Tensor, k_len: int) -> str:
+    """The kernel ``backend`` names; ``"auto"`` picks by device, dtype, training and length (see above)."""
+    if backend != "auto":
+        return backend
+    training = torch.is_grad_enabled() and q.requires_grad
+    half_on_cpu = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+    return "math" if half_on_cpu and training and k_len <= AUTO_MATH_MAX_KEYS else "sdpa"
 
 
 def scaled_dot_product_attention(
@@ -52,7 +65,7 @@ def scaled_dot_product_attention(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if return_weights and backend != "math":
+    if return_weights and backend not in ("math", "auto"):
         raise ValueError(f"return_weights=True needs backend='math', got backend={backend!r}")
     batch, heads, q_len, _ = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
@@ -65,6 +78,7 @@ def scaled_dot_product_attention(
         check_attention_mask(mask, batch, heads, q_len, k_len)
     if causal and k_len < q_len:
         raise ValueError(f"causal attention needs at least as many keys as queries, got T={q_len}, S={k_len}")
+    backend = "math" if return_weights else resolve_backend(backend, q, k_len)
     if q.numel() == 0 or k_len == 0:  # nothing to attend from, or to: a defined all-zero result
         out = q.new_zeros(batch, heads, q_len, v.shape[-1])
         return out, (q.new_zeros(batch, heads, q_len, k_len) if return_weights else None)

@@ -46,6 +46,7 @@ class LayerSpec:
     ssm_state: int = 16
     ssm_conv: int = 4
     ssm_expand: int = 2
+    qk_norm: bool = False
 
 
 class TransformerLayer(nn.Module):
@@ -62,7 +63,7 @@ class TransformerLayer(nn.Module):
             return MultiHeadAttention(
                 spec.d_model, spec.n_heads, n_kv_heads=spec.n_kv_heads, bias=spec.bias,
                 attention_dropout=spec.attention_dropout, backend=spec.backend, positions=positions, cross=cross,
-                attention="softmax" if cross else spec.attention, window=None if cross else spec.window,
+                attention="softmax" if cross else spec.attention, window=None if cross else spec.window, qk_norm=spec.qk_norm,
             )
 
         def norm() -> nn.Module:

@@ -7,14 +7,15 @@ from torch import Tensor, nn
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS"]
 
-ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
+ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "relu2")
 
 
 class PositionwiseFeedForward(nn.Module):
     """``FFN(x) = act(x W_1 + b_1) W_2 + b_2``, applied to each position separately.
 
     ``activation``: ``relu`` (the paper), ``gelu`` (BERT), ``gelu_tanh`` (GPT-2's approximation), ``silu``
-    (swish; Marian/opus-mt) or ``swiglu`` (Shazeer, 2020: ``(silu(x W_gate) * x W_1) W_2``, a third matrix ``w_gate``).
+    (swish; Marian/opus-mt), ``swiglu`` (Shazeer, 2020: ``(silu(x W_gate) * x W_1) W_2``, a third matrix ``w_gate``)
+    or ``relu2`` (``relu(x)^2``, So et al., 2021, "Primer"; the modded-nanogpt speedruns use it).
     ``activation_dropout`` drops the hidden units (not in the paper; fairseq's option).
     """
 
@@ -41,6 +42,8 @@ class PositionwiseFeedForward(nn.Module):
             hidden = F.gelu(hidden)
         elif self.activation == "silu":
             hidden = F.silu(hidden)
+        elif self.activation == "relu2":
+            hidden = F.relu(hidden).square()
         else:
             hidden = F.gelu(hidden, approximate="tanh")
         return self.w_2(self.dropout(hidden))

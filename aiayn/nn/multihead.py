@@ -32,6 +32,8 @@ class MultiHeadAttention(nn.Module):
     ``attention_dropout``: dropout on the attention weights (an option; the paper drops sublayer outputs).
     ``attention``/``window``: the self-attention kernel, ``softmax`` (the paper), ``local`` (the
     ``window`` nearest keys) or ``linear`` (see :mod:`aiayn.nn.kernels`); cross-attention is always softmax.
+    ``qk_norm``: RMS-normalise each head's queries and keys before positions and scores (Dehghani et
+    al., 2023; OLMo 2, the modded-nanogpt speedruns), which bounds the logits and allows larger rates.
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class MultiHeadAttention(nn.Module):
         cross: bool = False,
         attention: str = "softmax",
         window: int | None = None,
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -71,6 +74,9 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_o = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
         self.positions = positions
+        if qk_norm:  # only then: the checkpoint keys of a model without it do not change
+            self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim), nn.RMSNorm(self.head_dim)
+        self.qk_norm = qk_norm
 
     def forward(
         self,
@@ -107,6 +113,8 @@ class MultiHeadAttention(nn.Module):
         if offset is None:
             offset = cache.length if cache is not None else 0
         q, k, v = self._project_self(x)  # (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         bias = None
         if self.positions is not None:
             q, k = self.positions.rotate(q, k, offset)
@@ -124,10 +132,14 @@ class MultiHeadAttention(nn.Module):
     def _cross_inputs(self, x: Tensor, memory: Tensor, cache: LayerCache | None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries of ``x``; keys and values of ``memory``, projected once per source when cached."""
         q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
+        if self.qk_norm:
+            q = self.q_norm(q)
         if cache is not None and cache.filled:
             return q, cache.k, cache.v  # the encoder output was projected before
         k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
         v = self._split(self.w_v(memory), self.n_kv_heads)
+        if self.qk_norm:
+            k = self.k_norm(k)
         if cache is not None:
             cache.set(k, v)
         return q, k, v

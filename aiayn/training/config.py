@@ -119,6 +119,9 @@ class LoopSection:
     progress: bool = True  # a tqdm progress bar on rank 0
     tensorboard: bool = True  # also write TensorBoard events when the package is installed
     retention: RetentionConfig = field(default_factory=lambda: RetentionConfig(keep_last=3, metric="val_loss", mode="min"))
+    parallel: str = "ddp"  # under torchrun: ddp (replicate) | fsdp (shard each block, fully_shard; DCP checkpoints)
+    cpu_offload: bool = False  # fsdp: keep the sharded parameters and optimizer state in CPU memory
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "accumulate", "eval_every", "log_every", "save_every"):
@@ -138,6 +141,9 @@ class LoopSection:
             raise ValueError(f"train.eval_batches={self.eval_batches} must be >= 1 or null")
         _choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
         _choice("train.nonfinite", self.nonfinite, ("raise", "skip"))
+        _choice("train.parallel", self.parallel, ("ddp", "fsdp"))
+        if self.cpu_offload and self.parallel != "fsdp":
+            raise ValueError(f"train.cpu_offload=true needs train.parallel='fsdp', got {self.parallel!r}")
 
 
 @dataclass(kw_only=True)
@@ -154,6 +160,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.train.eval_bleu and self.data.task != "translation":
             raise ValueError(f"train.eval_bleu={self.train.eval_bleu} needs data.task='translation', got {self.data.task!r}")
+        if self.train.parallel == "fsdp" and self.optim.name == "muon":
+            raise ValueError("optim.name='muon' with train.parallel='fsdp': Muon orthogonalises whole matrices, which FSDP shards; use adamw")
         if self.train.retention.metric == "val_bleu" and not self.train.eval_bleu:
             raise ValueError("train.retention.metric='val_bleu' needs train.eval_bleu > 0 (sentences to translate)")
 

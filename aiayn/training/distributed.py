@@ -2,8 +2,7 @@
 
 ``torchrun --nproc_per_node=2 -m aiayn train CONFIG`` starts one process per rank with RANK,
 WORLD_SIZE and LOCAL_RANK set; gloo on CPU, nccl on GPU. Only rank 0 writes checkpoints and logs.
-Models too large for one device need sharding (FSDP, ``torch.distributed.fsdp.fully_shard``),
-which this project does not build: wrap the model there instead of in DDP.
+Models too large for one device: ``train.parallel: fsdp`` shards them instead (``aiayn.training.fsdp``).
 """
 
 from __future__ import annotations
@@ -34,10 +33,11 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device: torch.device, timeout_s: float = 120.0) -> DistInfo:
-    """Join the process group torchrun describes in the environment; a single process needs none."""
+def init_distributed(device: torch.device, timeout_s: float = 120.0, *, always: bool = False) -> DistInfo:
+    """Join the process group torchrun describes in the environment; a single process needs none
+    unless ``always`` (FSDP shards over a process group, even of one)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if world_size <= 1 and not always:
         return DistInfo()
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -82,5 +82,5 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
 
 
 def shutdown(info: DistInfo) -> None:
-    if info.enabled and dist.is_initialized():
+    if dist.is_initialized():  # also a group of one (train.parallel=fsdp)
         dist.destroy_process_group()

@@ -40,9 +40,12 @@ from aiayn.checkpoint.state import (
     restore_training_state,
     save_checkpoint,
 )
+from aiayn.checkpoint.sharded import load_sharded_state, read_sharded_checkpoint, save_sharded_checkpoint
+from aiayn.training.activation_checkpointing import apply_activation_checkpointing
 from aiayn.training.config import LoopSection, TrainConfig, build_model_config
 from aiayn.training.distributed import DistInfo, all_gather_objects, any_rank, init_distributed, shutdown
 from aiayn.training.evaluate import validate
+from aiayn.training.fsdp import check_under_torchrun, shard_model
 from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective
 from aiayn.training.optim import build_optimizer_from_config, build_scheduler
@@ -74,11 +77,14 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
     if any), ``False`` (start fresh; ``run_dir`` must hold no checkpoint), or a checkpoint/run path."""
     loop = config.train
     device = _device(loop.device)
-    dist_info = init_distributed(device)
+    fsdp = loop.parallel == "fsdp"
+    if fsdp:
+        check_under_torchrun()
+    dist_info = init_distributed(device, always=fsdp)
     if device.type == "cuda" and dist_info.enabled:
         device = torch.device("cuda", dist_info.local_rank)
     run_dir = Path(config.run_dir)
-    checkpoint = _resume_point(run_dir, resume)
+    checkpoint = _resume_point(run_dir, resume, sharded=fsdp)
     if checkpoint is not None and dist_info.is_main:
         set_aside_newer(run_dir, checkpoint.step)
     try:
@@ -87,8 +93,16 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
         shutdown(dist_info)
 
 
-def _rank_state(checkpoint: Checkpoint, rank: int) -> dict[str, Any]:
-    """Restore rank ``rank``'s own generators (rank 0's come with the checkpoint); return its loader state."""
+def _rank_state(checkpoint: Checkpoint, rank: int, world_size: int, *, resplit: bool = False) -> dict[str, Any]:
+    """Restore rank ``rank``'s own generators (rank 0's come with the checkpoint); return its loader state.
+
+    ``resplit`` (FSDP, whose model and optimizer state DCP reshards): a checkpoint of another world
+    size continues from the same place in the data, each rank taking its share of the batches.
+    """
+    saved = len(checkpoint.ranks) + 1
+    if resplit and saved != world_size:
+        assert checkpoint.trainer is not None  # read_sharded_checkpoint read it
+        return _resplit_loader_state(checkpoint, checkpoint.trainer.data or {}, rank, world_size)
     if rank == 0:
         assert checkpoint.trainer is not None  # restore_training_state checked it
         return checkpoint.trainer.data or {}
@@ -101,6 +115,19 @@ def _rank_state(checkpoint: Checkpoint, rank: int) -> dict[str, Any]:
         )
     restore_rng_state(state.rng.tensors, state.rng.meta)
     return state.data or {}
+
+
+def _resplit_loader_state(checkpoint: Checkpoint, state: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0's loader state at ``saved`` ranks as rank ``rank``'s of ``world_size``: the same global batch count."""
+    saved = state.get("world_size", 1)
+    consumed = state.get("position", 0) * saved  # batches of this epoch taken by all ranks together
+    if consumed % world_size:
+        raise ValueError(
+            f"{checkpoint.path} stopped after {consumed} batches of its epoch over {saved} rank(s), which "
+            f"{world_size} rank(s) cannot split evenly: resume it with --nproc_per_node={saved}"
+        )
+    log.info("resuming %d rank(s) as %d: the data position is re-split", saved, world_size)
+    return {**state, "rank": rank, "world_size": world_size, "position": consumed // world_size}
 
 
 def _with_bleu(eval_hook: EvalHook | None, sentences: int) -> EvalHook | None:
@@ -122,6 +149,7 @@ def _train(
     eval_hook: EvalHook | None,
 ) -> TrainResult:
     loop = config.train
+    fsdp = loop.parallel == "fsdp"
     torch.manual_seed(loop.seed)  # same initial weights on every rank
     init = read_init(loop.init_from) if loop.init_from and checkpoint is None else None
     if init is not None:
@@ -132,14 +160,22 @@ def _train(
     _check_lengths(config, model_config)
     _check_vocabularies(data, model_config)
     model = model_class(model_config)(model_config).to(device)
+    if loop.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if fsdp:
+        shard_model(model, bf16=loop.precision == "bf16", cpu_offload=loop.cpu_offload)
     optimizer = build_optimizer_from_config(model, config.optim)
     scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
     scaler = torch.amp.GradScaler(device.type, enabled=loop.precision == "fp16")  # fp16: skip overflows, adapt the scale
     if checkpoint is not None:
         _check_same_model(checkpoint, model_config)
-        restore_training_state(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, rng=True)
-        data.train.load_state_dict(_rank_state(checkpoint, dist_info.rank))
+        if fsdp:
+            load_sharded_state(checkpoint.path, model, optimizer)
+            restore_training_state(checkpoint, scheduler=scheduler, rng=True)
+        else:
+            restore_training_state(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, rng=True)
+        data.train.load_state_dict(_rank_state(checkpoint, dist_info.rank, dist_info.world_size, resplit=fsdp))
         assert checkpoint.trainer is not None  # restore_training_state checked it
         step, best = checkpoint.step, checkpoint.trainer.best
         _restore_scaler(scaler, checkpoint)
@@ -153,7 +189,7 @@ def _train(
 
     objective = Objective(model, data.task, label_smoothing=loop.label_smoothing)
     runner: nn.Module = torch.compile(objective) if loop.compile else objective  # type: ignore[assignment]
-    if dist_info.enabled:
+    if dist_info.enabled and not fsdp:
         runner = nn.parallel.DistributedDataParallel(runner, device_ids=[device.index] if device.type == "cuda" else None)
     autocast = _autocast(loop.precision, device)
     train_step = TrainStep(
@@ -161,7 +197,7 @@ def _train(
         autocast=autocast, scaler=scaler,
         dist_info=dist_info, device=device,
     )
-    saver = _Saver(run_dir, model, model_config, optimizer, scheduler, data, dist_info, loop.retention)
+    saver = _Saver(run_dir, model, model_config, optimizer, scheduler, data, dist_info, loop.retention, sharded=fsdp)
     saver.scaler = scaler
     metrics_log = None
     if dist_info.is_main:
@@ -254,9 +290,11 @@ class _Saver:
         data: TaskData,
         dist_info: DistInfo,
         retention: RetentionConfig,
+        *,
+        sharded: bool = False,
     ) -> None:
         self.run_dir, self.model, self.model_config, self.optimizer, self.scheduler = run_dir, model, model_config, optimizer, scheduler
-        self.data, self.dist, self.retention = data, dist_info, retention
+        self.data, self.dist, self.retention, self.sharded = data, dist_info, retention, sharded
         self.extra_files: list[Path] = []  # copied into every checkpoint (the config, the tokenizers)
         self.scaler: torch.amp.GradScaler | None = None  # fp16's, saved so a resume continues its scale
 
@@ -264,8 +302,18 @@ class _Saver:
         """Checkpoint ``step`` with its validation ``metrics`` (empty if none at this step); return (path, best)."""
         # Every rank's generators and loader position: a resumed rank continues its own.
         ranks = []
-        if self.dist.enabled:
+        if self.dist.enabled or self.sharded:
             ranks = all_gather_objects(RankState(capture_rng_state(), self.data.train.state_dict()), self.dist)[1:]
+        if self.sharded:  # every rank writes its shards
+            best = update_best(best, metrics, step=step, retention=self.retention)
+            path = save_sharded_checkpoint(
+                self.run_dir, step=step, model=self.model, optimizer=self.optimizer, config=self.model_config,
+                scheduler=self.scheduler, data_state=self.data.train.state_dict(), metrics=metrics, best=best,
+                extra_files=self.extra_files, ranks=ranks,
+            )
+            if self.dist.is_main:
+                rotate_checkpoints(self.run_dir, self.retention)
+            return path, best
         if not self.dist.is_main:
             return None, best
         best = update_best(best, metrics, step=step, retention=self.retention)
@@ -279,8 +327,9 @@ class _Saver:
         return path, best
 
 
-def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
-    """The checkpoint to continue from, or None to start fresh."""
+def _resume_point(run_dir: Path, resume: bool | str, *, sharded: bool = False) -> Checkpoint | None:
+    """The checkpoint to continue from, or None to start fresh; ``sharded``: a DCP one (train.parallel=fsdp)."""
+    load = read_sharded_checkpoint if sharded else load_checkpoint
     if resume is False:
         if list_checkpoints(run_dir):
             raise ValueError(f"{run_dir} already holds checkpoints: resume (the default) or choose another run_dir")
@@ -292,8 +341,8 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
             if resume is True:
                 raise FileNotFoundError(f"nothing to resume: no complete checkpoint in {run_dir}")
             return None
-        return load_checkpoint(latest_checkpoint(run_dir))
-    return load_checkpoint(resolve_checkpoint(resume))
+        return load(latest_checkpoint(run_dir))
+    return load(resolve_checkpoint(resume))
 
 
 def _restore_scaler(scaler: torch.amp.GradScaler, checkpoint: Checkpoint) -> None:
@@ -322,7 +371,8 @@ def _check_same_model(checkpoint: Checkpoint, model_config: TransformerConfig) -
     A field the checkpoint does not record (saved before the field existed) counts as its default.
     """
     saved, now = with_defaults(checkpoint.config), model_config.to_dict()
-    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    # The attention kernel computes the same function: a run may change it when it resumes.
+    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k) and k != "attention_backend")
     if changed:
         details = ", ".join(f"{k}: checkpoint {saved.get(k)!r}, config {now.get(k)!r}" for k in changed)
         raise ValueError(f"cannot resume from {checkpoint.path}: the model config changed ({details})")

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-OPTIMIZERS = ("adam", "adamw")
+OPTIMIZERS = ("adam", "adamw", "muon")  # muon: Muon for the blocks' matrices + AdamW for the rest
 SCHEDULES = ("constant", "cosine", "noam")
 # Parameters of these modules are never decayed: shrinking norm gains or embeddings towards 0 has
 # no regularising meaning. Biases and other vectors (ndim < 2) are excluded by shape. The library's
@@ -60,11 +60,13 @@ class OptimConfig:
     applies to norms, biases and embeddings (see ``weight_decay_split``).
     """
 
-    name: Literal["adam", "adamw"] = "adam"
+    name: Literal["adam", "adamw", "muon"] = "adam"
     lr: float = 1.0
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-9
     weight_decay: float = 0.0
+    muon_lr: float = 0.02  # name=muon: the blocks' matrices (lr, betas, eps apply to the AdamW rest)
+    muon_momentum: float = 0.95
 
     def __post_init__(self) -> None:
         _check_choice("name", self.name, OPTIMIZERS)
@@ -77,6 +79,9 @@ class OptimConfig:
             raise ValueError(f"betas must be a tuple of two numbers in [0, 1), got {self.betas!r}")
         _check_number("eps", self.eps, minimum=0.0, inclusive=False)
         _check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
+        _check_number("muon_lr", self.muon_lr, minimum=0.0, inclusive=False)
+        if not (_is_number(self.muon_momentum) and 0.0 <= self.muon_momentum < 1.0):
+            raise ValueError(f"muon_momentum must be a number in [0, 1), got {self.muon_momentum!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +249,8 @@ def build_optimizer(
     model without trainable parameters.
     """
     OptimConfig(name=name, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)  # type: ignore[arg-type]
+    if name not in ("adam", "adamw"):
+        raise ValueError(f"name must be adam or adamw here, got {name!r} (muon: build_optimizer_from_config)")
     params = dict(model.named_parameters())
     decay, no_decay = weight_decay_split(model, no_decay_modules)
     if not decay and not no_decay:
@@ -261,7 +268,9 @@ def build_optimizer(
 def build_optimizer_from_config(
     model: nn.Module, cfg: OptimConfig, no_decay_modules: tuple[type[nn.Module], ...] = NO_DECAY_MODULES
 ) -> torch.optim.Optimizer:
-    """``build_optimizer`` with the settings of ``cfg``."""
+    """``build_optimizer`` with the settings of ``cfg`` (``muon``: ``MuonWithAdamW``)."""
+    if cfg.name == "muon":
+        return _build_muon(model, cfg, no_decay_modules)
     return build_optimizer(
         model,
         name=cfg.name,
@@ -270,6 +279,26 @@ def build_optimizer_from_config(
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
         no_decay_modules=no_decay_modules,
+    )
+
+
+def _build_muon(model: nn.Module, cfg: OptimConfig, no_decay_modules: tuple[type[nn.Module], ...]) -> torch.optim.Optimizer:
+    from aiayn.training.muon import MuonWithAdamW, muon_split  # muon imports the blocks; keep optim light
+
+    params = dict(model.named_parameters())
+    matrices, rest = muon_split(model)
+    _, no_decay = weight_decay_split(model, no_decay_modules)
+    exempt = set(no_decay)
+    groups = [
+        {"params": [(n, params[n]) for n in names], "weight_decay": wd}
+        for names, wd in (([n for n in rest if n not in exempt], cfg.weight_decay), ([n for n in rest if n in exempt], 0.0))
+        if names
+    ]
+    fused = _fused_available(params[n] for n in rest)
+    return MuonWithAdamW(
+        [(n, params[n]) for n in matrices], groups, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum,
+        muon_weight_decay=cfg.weight_decay, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,  # type: ignore[arg-type]
+        fused=True if fused else None,
     )
 
 

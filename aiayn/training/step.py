@@ -69,7 +69,8 @@ class TrainStep:
         """Step ``number`` (1-based, for messages) over the micro-batches ``micro``, already on the device."""
         loss, targets = self._backward(micro)
         self.scaler.unscale_(self.optimizer)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
         # Each rank says whether its own loss (1) or the gradient norm (2) is non-finite, so the message names the rank.
         codes = rank_values((not math.isfinite(self._local_loss)) + 2 * (not math.isfinite(grad_norm)), self.dist, self.device)
         if any(codes):
@@ -92,8 +93,9 @@ class TrainStep:
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro):
             # DDP: all-reduce the gradients once, after the last micro-batch.
-            last = i == len(micro) - 1 or not self.dist.enabled
-            with contextlib.nullcontext() if last else self.runner.no_sync():  # type: ignore[attr-defined]
+            # (FSDP reduce-scatters after every micro-batch: it has no no_sync.)
+            last = i == len(micro) - 1 or not hasattr(self.runner, "no_sync")
+            with contextlib.nullcontext() if last else self.runner.no_sync():  # type: ignore[operator]
                 with self.autocast():
                     loss = self.runner(batch)
                 self.scaler.scale(loss.sum * (self.dist.world_size / targets)).backward()

@@ -1,0 +1,98 @@
+"""Muon for the blocks' matrices, AdamW for everything else, behind one optimizer (the modded-nanogpt split).
+
+Muon (Jordan et al., 2024; ``torch.optim.Muon``) orthogonalises the momentum of a 2-D weight with a
+few Newton-Schulz iterations; it is meant for hidden matrices only. Embeddings, the output head,
+norms and biases stay with AdamW. The pair looks like one ``torch.optim.Optimizer`` to the loop: its
+``param_groups`` are both optimizers' groups (so one LR schedule scales both), its ``state_dict``
+holds both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.nn.blocks import TransformerLayer
+
+__all__ = ["MuonWithAdamW", "muon_split"]
+
+
+def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
+    """(names for Muon, names for AdamW): Muon takes the 2-D weights inside the Transformer blocks."""
+    matrices: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, TransformerLayer):
+            matrices.update(id(p) for p in module.parameters() if p.ndim == 2)
+    muon, rest = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (muon if id(p) in matrices else rest).append(name)
+    return muon, rest
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """``torch.optim.Muon`` over ``matrices`` and ``torch.optim.AdamW`` over ``adamw_groups``.
+
+    ``lr`` of a group is its own base rate (Muon's ``muon_lr``, AdamW's ``lr``); a scheduler multiplies
+    each. Raises ``ValueError`` when there is no matrix for Muon.
+    """
+
+    def __init__(
+        self,
+        matrices: list[tuple[str, torch.Tensor]],
+        adamw_groups: list[dict[str, Any]],
+        *,
+        muon_lr: float,
+        muon_momentum: float,
+        muon_weight_decay: float,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        fused: bool | None = None,
+    ) -> None:
+        if not matrices:
+            raise ValueError("optim.name='muon' needs 2-D weight matrices in Transformer blocks; the model has none")
+        self.muon = torch.optim.Muon(
+            matrices, lr=muon_lr, momentum=muon_momentum, weight_decay=muon_weight_decay, adjust_lr_fn="original"
+        )
+        self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps, fused=fused) if adamw_groups else None
+        parts = [o for o in (self.muon, self.adamw) if o is not None]
+        # The base class keeps hooks and bookkeeping; its own groups are replaced by the parts' groups.
+        super().__init__([p for o in parts for g in o.param_groups for p in g["params"]], {"lr": lr})
+        self.param_groups = [g for o in parts for g in o.param_groups]
+        self._parts = parts
+
+    @property  # type: ignore[override]
+    def state(self) -> dict[Any, Any]:  # the parts keep their own state
+        merged: dict[Any, Any] = {}
+        for o in getattr(self, "_parts", []):
+            merged.update(o.state)
+        return merged
+
+    @state.setter
+    def state(self, value: Any) -> None:  # the base __init__ assigns an empty state
+        pass
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("MuonWithAdamW.step takes no closure")
+        for o in self._parts:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self._parts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return {"muon": self.muon.state_dict(), "adamw": None if self.adamw is None else self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        if set(state_dict) != {"muon", "adamw"}:
+            raise ValueError(f"not a Muon+AdamW optimizer state (keys {sorted(state_dict)}; expected adamw, muon)")
+        self.muon.load_state_dict(state_dict["muon"])
+        if self.adamw is not None:
+            self.adamw.load_state_dict(state_dict["adamw"])
+        self.param_groups = [g for o in self._parts for g in o.param_groups]
