@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-HELP = "run an experiment that tests a claim about the Transformer (scaling, prenorm, positions, heads, smoothing)"
+HELP = "run an experiment that tests a claim about the Transformer (scaling, prenorm, positions, heads, smoothing, efficient)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

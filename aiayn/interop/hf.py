@@ -120,6 +120,7 @@ def to_hf(model: nn.Module, *, architecture: str | None = None, hf_extras: dict[
     config = getattr(model, "config", None)
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"model must be one of aiayn's models (with a .config), got {type(model).__name__}")
+    _refuse_efficient_variants(config)
     arch = _export_architecture(config, architecture, hf_extras or {})
     hf_config = arch.config_to_hf(config)
     _pass_through(hf_config, hf_extras or {}, config)
@@ -165,6 +166,17 @@ def to_hf_model(model: nn.Module, *, architecture: str | None = None, hf_extras:
         exported = save_hf(tmp, model, architecture=architecture, hf_extras=hf_extras)
         hf_model = getattr(transformers, exported.architecture).from_pretrained(tmp)
     return hf_model.eval()
+
+
+def _refuse_efficient_variants(config: TransformerConfig) -> None:
+    """GPT-2, BERT, Marian and BART attend with softmax over every key: a local, linear or SSM model has no counterpart."""
+    for name, plain in (("attention", "softmax"), ("mixer", "attention")):
+        value = getattr(config, name, plain)
+        if value != plain:
+            raise ConfigError(
+                f"cannot export to Hugging Face: {name}={value!r}; the supported classes ({', '.join(ARCHITECTURES)}) "
+                f"only hold {name}={plain!r}"
+            )
 
 
 def _export_architecture(config: TransformerConfig, name: str | None, extras: dict[str, Any]) -> Architecture:

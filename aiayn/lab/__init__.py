@@ -20,6 +20,7 @@ LABS: dict[str, str] = {
     "positions": "sinusoidal vs learned positions beyond the training length",
     "heads": "h heads of size d/h cost about as much as one head of size d",
     "smoothing": "label smoothing hurts perplexity but helps accuracy/BLEU",
+    "efficient": "local/linear attention and a selective SSM: quality at one budget, and associative recall",
 }
 
 

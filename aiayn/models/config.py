@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from aiayn.nn.blocks import LayerSpec
 from aiayn.nn.attention import BACKENDS
 from aiayn.nn.feedforward import ACTIVATIONS
+from aiayn.nn.kernels import ATTENTION_KINDS
 from aiayn.nn.norm import NORMS
 from aiayn.nn.positional import POSITION_KINDS
 from aiayn.tokenization.special import PAD_ID
@@ -58,6 +59,12 @@ class TransformerConfig:
     init_std: float | None = None  # None = Xavier-uniform linears; a float = normal(0, std) (GPT, BERT)
     attention_backend: str = "sdpa"
     pad_id: int | None = PAD_ID  # None: no padding token (masks must then be given explicitly)
+    attention: str = "softmax"  # self-attention kernel: softmax (the paper) | local | linear; cross-attention stays softmax
+    window: int | None = None  # attention="local": keys per query (causal: the last window; bidirectional: centred)
+    mixer: str = "attention"  # decoder-only: "ssm" replaces self-attention by a selective state-space layer (Mamba's S6)
+    ssm_state: int = 16  # mixer="ssm": state size N per channel
+    ssm_conv: int = 4  # mixer="ssm": width of the causal depthwise convolution
+    ssm_expand: int = 2  # mixer="ssm": channels E = ssm_expand * d_model
 
     def __post_init__(self) -> None:
         _positive(self, "d_model", "n_heads", "d_ff", "max_len")
@@ -83,6 +90,24 @@ class TransformerConfig:
             _rule(head_dim % 2 == 0, "positions", self.positions, f"rotary needs an even head size, got {head_dim}")
         if self.pad_id is not None:
             _rule(self.pad_id >= 0, "pad_id", self.pad_id, "must be >= 0 or None")
+        self._check_efficient_attention()
+
+    def _check_efficient_attention(self) -> None:
+        """The variants of issue 18: attention kernel, window, state-space mixer."""
+        _choice(self, "attention", ATTENTION_KINDS)
+        if self.window is not None:
+            _positive(self, "window")
+            _rule(self.attention == "local", "window", self.window, f"needs attention='local', got attention={self.attention!r}")
+        _rule(self.attention != "local" or self.window is not None, "window", self.window, "must be set with attention='local' (keys per query)")
+        _rule(self.attention == "softmax" or self.positions != "alibi", "positions", self.positions,
+              f"adds a score bias, which attention={self.attention!r} cannot take; use rotary, sinusoidal or learned")
+        _rule(self.attention != "linear" or self.attention_dropout == 0.0, "attention_dropout", self.attention_dropout,
+              "must be 0 with attention='linear' (there are no attention weights to drop)")
+        _choice(self, "mixer", ("attention", "ssm"))
+        _positive(self, "ssm_state", "ssm_conv", "ssm_expand")
+        if self.mixer == "ssm":
+            _rule(self.family == "decoder-only", "mixer", self.mixer, f"is for the decoder-only family, not {self.family}")
+            _rule(self.attention == "softmax", "attention", self.attention, "has no effect with mixer='ssm' (no attention layers): leave it 'softmax'")
 
     @property
     def head_dim(self) -> int:
@@ -103,6 +128,8 @@ class TransformerConfig:
             dropout=self.dropout, attention_dropout=self.attention_dropout,
             activation_dropout=self.activation_dropout, activation=self.activation, norm=self.norm,
             norm_eps=self.norm_eps, pre_norm=self.pre_norm, bias=self.bias, backend=self.attention_backend,
+            attention=self.attention, window=self.window, mixer=self.mixer, ssm_state=self.ssm_state,
+            ssm_conv=self.ssm_conv, ssm_expand=self.ssm_expand,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class DecoderOnly(nn.Module):
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty KV cache for incremental decoding (``max_len``: preallocate a static one)."""
-        return KVCache(self.config.n_layers, max_len=max_len)
+        return KVCache(self.config.n_layers, max_len=max_len, self_caches=self.decoder.new_caches(max_len))
 
     def attention_maps(self, ids: Tensor, pad_mask: Tensor | None = None) -> dict[str, list[Tensor]]:
         """Masked self-attention weights of every layer, ``(B, H, T, T)`` each, keyed ``decoder_self``."""

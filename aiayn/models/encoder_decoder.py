@@ -85,7 +85,7 @@ class EncoderDecoder(nn.Module):
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty KV cache for incremental decoding (``max_len``: preallocate a static one)."""
-        return KVCache(self.config.n_decoder_layers, cross_attention=True, max_len=max_len)
+        return KVCache(self.config.n_decoder_layers, cross_attention=True, max_len=max_len, self_caches=self.decoder.new_caches(max_len))
 
     def attention_maps(
         self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None

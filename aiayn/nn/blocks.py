@@ -18,6 +18,7 @@ from aiayn.nn.feedforward import PositionwiseFeedForward
 from aiayn.nn.multihead import MultiHeadAttention
 from aiayn.nn.norm import build_norm
 from aiayn.nn.positional import PositionalEncoding
+from aiayn.nn.ssm import SelectiveSSM
 
 __all__ = ["LayerSpec", "TransformerLayer", "TransformerStack"]
 
@@ -39,6 +40,12 @@ class LayerSpec:
     pre_norm: bool = False
     bias: bool = True
     backend: str = "sdpa"
+    attention: str = "softmax"  # the self-attention kernel: softmax | local | linear (aiayn.nn.kernels)
+    window: int | None = None  # keys per query for attention="local"
+    mixer: str = "attention"  # "ssm": a selective state-space layer replaces self-attention
+    ssm_state: int = 16
+    ssm_conv: int = 4
+    ssm_expand: int = 2
 
 
 class TransformerLayer(nn.Module):
@@ -51,18 +58,26 @@ class TransformerLayer(nn.Module):
         self.causal = causal
         self.pre_norm = spec.pre_norm
 
-        def attention(positions: PositionalEncoding | None) -> MultiHeadAttention:
+        def attention(positions: PositionalEncoding | None, cross: bool = False) -> MultiHeadAttention:
             return MultiHeadAttention(
                 spec.d_model, spec.n_heads, n_kv_heads=spec.n_kv_heads, bias=spec.bias,
-                attention_dropout=spec.attention_dropout, backend=spec.backend, positions=positions,
+                attention_dropout=spec.attention_dropout, backend=spec.backend, positions=positions, cross=cross,
+                attention="softmax" if cross else spec.attention, window=None if cross else spec.window,
             )
 
         def norm() -> nn.Module:
             return build_norm(spec.norm, spec.d_model, eps=spec.norm_eps, bias=spec.bias)
 
-        self.self_attn = attention(positions)
-        self.self_attn_norm = norm()
-        self.cross_attn = attention(None) if cross_attention else None
+        if spec.mixer == "ssm":  # the sequence mixer is a state-space layer, not attention
+            if not causal or cross_attention:
+                raise ValueError("mixer='ssm' is causal and has no cross-attention: a decoder-only stack only")
+            self.self_attn = None
+            self.ssm = SelectiveSSM(spec.d_model, d_state=spec.ssm_state, d_conv=spec.ssm_conv, expand=spec.ssm_expand, bias=spec.bias)
+            self.ssm_norm = norm()
+        else:
+            self.self_attn = attention(positions)
+            self.self_attn_norm = norm()
+        self.cross_attn = attention(None, cross=True) if cross_attention else None
         self.cross_attn_norm = norm() if cross_attention else None
         self.ffn = PositionwiseFeedForward(
             spec.d_model, spec.d_ff, activation=spec.activation, bias=spec.bias,
@@ -91,14 +106,20 @@ class TransformerLayer(nn.Module):
         ``return_weights``, a dict of ``(B, H, T, S)`` weights keyed ``self`` and ``cross``.
         """
         weights: dict[str, Tensor] = {}
-        attn, w = self.self_attn(
-            self._before(x, self.self_attn_norm), mask=mask, causal=self.causal,
-            cache=cache.self_attn[index] if cache is not None else None,
-            offset=offset, return_weights=return_weights,
-        )
-        x = self._after(x, attn, self.self_attn_norm)
-        if w is not None:
-            weights["self"] = w
+        layer_cache = cache.self_attn[index] if cache is not None else None
+        if self.self_attn is None:
+            if return_weights:
+                raise ValueError("return_weights=True: mixer='ssm' has no attention weights to return")
+            pad = None if mask is None else mask[:, 0, 0, mask.shape[-1] - x.shape[1] :]  # (B, T): this call's positions
+            x = self._after(x, self.ssm(self._before(x, self.ssm_norm), pad_mask=pad, cache=layer_cache), self.ssm_norm)
+        else:
+            attn, w = self.self_attn(
+                self._before(x, self.self_attn_norm), mask=mask, causal=self.causal, cache=layer_cache,
+                offset=offset, return_weights=return_weights,
+            )
+            x = self._after(x, attn, self.self_attn_norm)
+            if w is not None:
+                weights["self"] = w
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this layer has cross-attention: memory (the encoder output) is required")
@@ -112,6 +133,10 @@ class TransformerLayer(nn.Module):
                 weights["cross"] = w
         x = self._after(x, self.ffn(self._before(x, self.ffn_norm)), self.ffn_norm)
         return x, weights
+
+    def new_cache(self, max_len: int | None = None) -> object:
+        """An empty generation cache for this layer's sequence mixer (KV cache, ring buffer or state)."""
+        return self.ssm.new_cache() if self.self_attn is None else self.self_attn.new_cache(max_len)
 
     def _before(self, x: Tensor, norm: nn.Module) -> Tensor:
         return norm(x) if self.pre_norm else x
@@ -140,6 +165,10 @@ class TransformerStack(nn.Module):
             for _ in range(n_layers)
         )
         self.norm = build_norm(spec.norm, spec.d_model, eps=spec.norm_eps, bias=spec.bias) if final_norm else None
+
+    def new_caches(self, max_len: int | None = None) -> list:
+        """One empty self-attention (or mixer) cache per layer, of the kind each layer keeps."""
+        return [layer.new_cache(max_len) for layer in self.layers]
 
     def forward(
         self,

@@ -57,8 +57,11 @@ class LayerCache:
 class KVCache:
     """The caches of a whole decoder: one per layer for self-attention, and for cross-attention if any."""
 
-    def __init__(self, n_layers: int, *, cross_attention: bool = False, max_len: int | None = None) -> None:
-        self.self_attn = [LayerCache(max_len) for _ in range(n_layers)]
+    def __init__(
+        self, n_layers: int, *, cross_attention: bool = False, max_len: int | None = None, self_caches: list | None = None
+    ) -> None:
+        # self_caches: the layers' own kinds (a ring buffer for local attention, a state for linear attention or an SSM)
+        self.self_attn = self_caches if self_caches is not None else [LayerCache(max_len) for _ in range(n_layers)]
         self.cross_attn = [LayerCache() for _ in range(n_layers)] if cross_attention else None
 
     @property

@@ -8,12 +8,15 @@ multi-query).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.nn.attention import BACKENDS, scaled_dot_product_attention
 from aiayn.nn.cache import LayerCache
+from aiayn.nn.kernels import build_kernel
 from aiayn.nn.positional import PositionalEncoding
 
 __all__ = ["MultiHeadAttention"]
@@ -22,9 +25,13 @@ __all__ = ["MultiHeadAttention"]
 class MultiHeadAttention(nn.Module):
     """Project, split into heads, attend, merge, project back.
 
+    ``cross``: encoder-decoder attention (queries from ``x``, keys and values from ``memory``); it is
+    decided here, once, and ``forward`` takes one of two short paths.
     ``positions``: a module whose ``rotate``/``bias`` hooks apply to self-attention (rotary, ALiBi);
-    leave it ``None`` for cross-attention, where query and key positions are unrelated.
+    it must be ``None`` for cross-attention, where query and key positions are unrelated.
     ``attention_dropout``: dropout on the attention weights (an option; the paper drops sublayer outputs).
+    ``attention``/``window``: the self-attention kernel, ``softmax`` (the paper), ``local`` (the
+    ``window`` nearest keys) or ``linear`` (see :mod:`aiayn.nn.kernels`); cross-attention is always softmax.
     """
 
     def __init__(
@@ -37,6 +44,9 @@ class MultiHeadAttention(nn.Module):
         attention_dropout: float = 0.0,
         backend: str = "sdpa",
         positions: PositionalEncoding | None = None,
+        cross: bool = False,
+        attention: str = "softmax",
+        window: int | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -46,10 +56,16 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_heads must be divisible by n_kv_heads, got n_heads={n_heads}, n_kv_heads={n_kv_heads}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if cross and positions is not None:
+            raise ValueError("positions must be None for cross-attention (query and key positions are unrelated)")
+        if cross and attention != "softmax":
+            raise ValueError(f"cross-attention is always softmax, got attention={attention!r}")
+        self.kernel = build_kernel(attention, window=window)
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads  # d_k = d_v = d_model / h
         self.backend = backend
         self.attention_dropout = attention_dropout
+        self.cross = cross
         self.w_q = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
         self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
@@ -67,52 +83,60 @@ class MultiHeadAttention(nn.Module):
         offset: int | Tensor | None = None,
         return_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``x (B, T, D)`` to itself, or to ``memory (B, S, D)`` (cross-attention).
+        """Attend from ``x (B, T, D)`` to itself, or (``cross``) to ``memory (B, S, D)``.
 
         ``mask``: bool, ``True`` = may attend, broadcastable to ``(B, H, T, S)`` where ``S`` counts
         cached keys too. ``causal``: forbid the future (lower-right aligned). ``cache``: keys/values
         of earlier steps (self) or of the encoder output (cross, computed on first use).
-        ``offset``: position of ``x``'s first token (default: the cache length, else 0).
+        ``offset``: position of ``x``'s first token (default: the cache length, else 0; self only).
         ``return_weights``: also return ``(B, H, T, S)`` weights; uses the ``math`` backend.
         Returns ``(output (B, T, D), weights or None)``.
         """
-        batch, q_len, _ = x.shape
+        dropout_p = self.attention_dropout if self.training else 0.0
+        backend = "math" if return_weights else self.backend
+        if self.cross:
+            if memory is None:
+                raise ValueError("cross-attention needs memory (the encoder output), got None")
+            q, k, v = self._cross_inputs(x, memory, cache)
+            out, weights = scaled_dot_product_attention(
+                q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, backend=backend, return_weights=return_weights
+            )
+            return self._merge(out), weights
+        if memory is not None:
+            raise ValueError("this is a self-attention module: memory must be None (build it with cross=True)")
         if offset is None:
-            offset = cache.length if cache is not None and memory is None else 0
-        if memory is None:
-            q, k, v = self._project_self(x)  # (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)
-        else:
-            q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
-        if memory is not None and cache is not None and cache.filled:
-            k, v = cache.k, cache.v  # cross-attention: the encoder output was projected before
-        else:
-            if memory is not None:
-                k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
-                v = self._split(self.w_v(memory), self.n_kv_heads)
-            if memory is None and self.positions is not None:
-                q, k = self.positions.rotate(q, k, offset)
-            if cache is not None:
-                if memory is None:
-                    k, v = cache.append(k, v)
-                else:
-                    cache.set(k, v)
-
+            offset = cache.length if cache is not None else 0
+        q, k, v = self._project_self(x)  # (B, H, T, Dh), (B, Hkv, T, Dh), (B, Hkv, T, Dh)
         bias = None
-        if memory is None and self.positions is not None:
-            bias = self.positions.bias(q_len, k.shape[2], offset, device=x.device)
-        out, weights = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            dropout_p=self.attention_dropout if self.training else 0.0,
-            backend="math" if return_weights else self.backend,
+        if self.positions is not None:
+            q, k = self.positions.rotate(q, k, offset)
+            bias = partial(self.positions.bias, offset=offset, device=x.device)  # (T, S) -> bias; S known after caching
+        out, weights = self.kernel(
+            q, k, v, mask=mask, causal=causal, cache=cache, bias=bias, dropout_p=dropout_p, backend=backend,
             return_weights=return_weights,
         )
+        return self._merge(out), weights
+
+    def new_cache(self, max_len: int | None = None) -> object:
+        """An empty generation cache of the kind this module's kernel keeps (KV, ring buffer or state)."""
+        return self.kernel.new_cache(max_len)
+
+    def _cross_inputs(self, x: Tensor, memory: Tensor, cache: LayerCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries of ``x``; keys and values of ``memory``, projected once per source when cached."""
+        q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
+        if cache is not None and cache.filled:
+            return q, cache.k, cache.v  # the encoder output was projected before
+        k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
+        v = self._split(self.w_v(memory), self.n_kv_heads)
+        if cache is not None:
+            cache.set(k, v)
+        return q, k, v
+
+    def _merge(self, out: Tensor) -> Tensor:
+        """``(B, H, T, Dh) -> (B, T, D)``, then the output projection ``W^O``."""
+        batch, _, q_len, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, q_len, self.n_heads * self.head_dim)  # (B, T, H*Dh)
-        return self.w_o(out), weights
+        return self.w_o(out)
 
     def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's three projections as one matmul (one larger GEMM, one weight cast under

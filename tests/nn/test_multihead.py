@@ -21,12 +21,12 @@ def copy_from_torch(ours: MultiHeadAttention, ref: nn.MultiheadAttention) -> Non
         ours.w_o.bias.copy_(ref.out_proj.bias)
 
 
-def pair(d_model=16, heads=4):
+def pair(d_model=16, heads=4, cross=False):
     torch.manual_seed(0)
     ref = nn.MultiheadAttention(d_model, heads, batch_first=True)
     nn.init.normal_(ref.in_proj_bias)  # torch starts biases at zero: make them count
     nn.init.normal_(ref.out_proj.bias)
-    ours = MultiHeadAttention(d_model, heads)
+    ours = MultiHeadAttention(d_model, heads, cross=cross)
     copy_from_torch(ours, ref)
     return ours, ref
 
@@ -47,7 +47,7 @@ def test_self_attention_with_padding_and_causal_masks(backend):
 
 @pytest.mark.parametrize("backend", ["math", "sdpa"])
 def test_cross_attention_with_key_padding(backend):
-    ours, ref = pair()
+    ours, ref = pair(cross=True)
     ours.backend = backend
     x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
     pad = padding_mask_from_lengths(torch.tensor([7, 3]), 7)
@@ -86,3 +86,11 @@ def test_gqa_validation_names_fields():
         MultiHeadAttention(16, 4, n_kv_heads=3)
     with pytest.raises(ValueError, match="d_model must be divisible by n_heads, got d_model=10, n_heads=4"):
         MultiHeadAttention(10, 4)
+
+
+def test_self_or_cross_is_decided_at_construction():
+    x, memory = torch.randn(1, 3, 16), torch.randn(1, 5, 16)
+    with pytest.raises(ValueError, match="self-attention module: memory must be None"):
+        MultiHeadAttention(16, 4)(x, memory)
+    with pytest.raises(ValueError, match="cross-attention needs memory"):
+        MultiHeadAttention(16, 4, cross=True)(x)
