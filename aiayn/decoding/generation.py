@@ -17,7 +17,7 @@ from aiayn.decoding.adapters import as_decoder
 from aiayn.decoding.protocol import Decoder
 from aiayn.decoding.sampling import GenerationConfig, next_token
 
-__all__ = ["GenerationStep", "Generation", "generate_steps", "generate", "STOP_EOS", "STOP_STRING", "STOP_LENGTH"]
+__all__ = ["STOP_EOS", "STOP_LENGTH", "STOP_STRING", "Generation", "GenerationStep", "generate", "generate_steps"]
 
 STOP_EOS, STOP_STRING, STOP_LENGTH = "eos", "stop_string", "max_new_tokens"
 
