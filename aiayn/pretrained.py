@@ -26,7 +26,7 @@ from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.checkpoint.directory import CONFIG_FILE, MARKER, MODEL_FILE
 from aiayn.checkpoint.state import resolve_checkpoint
 from aiayn.checkpoint.weights import load_state_dict_checked, read_safetensors, state_dict_to_bytes
-from aiayn.inference.precision import cast_model, parse_dtype
+from aiayn.inference.precision import cast_model, pack_linears, parse_dtype
 from aiayn.inference.quantization import Int8Linear, check_int8_kernel, parse_quantize, quantize_int8
 
 __all__ = ["Pretrained", "save_pretrained", "load_pretrained", "model_dir", "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE"]
@@ -127,9 +127,10 @@ def load_pretrained(
     load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
     if quantize == "int8" and not stored_int8:
         quantize_int8(model)  # from the fp32 weights, before any cast
+    model.to(device).eval()
     if torch_dtype is not None:
         cast_model(model, torch_dtype)  # once: no step re-casts a weight
-    model.to(device).eval()
+        pack_linears(model)  # half precision on the CPU: weights in oneDNN's layout, once
     src_tok = tgt_tok = None
     if any((directory / f"{prefix}{name}").is_file() for prefix in ("", "src_") for name in _TOKENIZER_NAMES):
         src_tok, tgt_tok = load_tokenizer_pair(directory)

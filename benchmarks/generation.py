@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
 from aiayn.decoding.static import StaticCausalLMDecoder
-from aiayn.inference import Int8Linear, cast_model, quantize_int8
+from aiayn.inference import Int8Linear, PackedLinear, cast_model, pack_linears, quantize_int8
 from aiayn.interop.hf import load_hf
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def weight_bytes(model: nn.Module) -> int:
     """Bytes of the Linear weights (and int8 scales, biases) a decoding step reads once per token."""
     total = 0
     for module in model.modules():
-        if isinstance(module, (nn.Linear, Int8Linear)) or type(module).__name__ == "Conv1D":  # HF GPT-2's Linear
+        if isinstance(module, (nn.Linear, Int8Linear, PackedLinear)) or type(module).__name__ == "Conv1D":  # HF GPT-2's Linear
             total += sum(t.numel() * t.element_size() for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)))
     return total
 
@@ -130,6 +130,7 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
     models: dict[str, nn.Module] = {"fp32": ours}
     if any("bf16" in n and n.startswith("ours") for n in names):
         models["bf16"] = cast_model(copy.deepcopy(ours), torch.bfloat16)
+        pack_linears(models["bf16"])  # as load_pretrained(dtype="bfloat16") does on the CPU
     if any("int8" in n for n in names):
         models["int8"] = quantize_int8(copy.deepcopy(ours))
     peer_bf16 = copy.deepcopy(peer).to(torch.bfloat16) if "hf-bf16" in names else None
