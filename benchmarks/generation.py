@@ -37,7 +37,13 @@ from torch import Tensor, nn
 from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
 from aiayn.decoding.static import StaticCausalLMDecoder
-from aiayn.inference import Int8Linear, PackedLinear, cast_model, pack_linears, quantize_int8
+from aiayn.inference import (
+    Int8Linear,
+    PackedLinear,
+    cast_model,
+    pack_linears,
+    quantize_int8,
+)
 from aiayn.interop.hf import load_hf
 
 log = logging.getLogger(__name__)

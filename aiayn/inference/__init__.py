@@ -1,7 +1,13 @@
 """Inference-time transforms of a trained model: real half-precision weights and int8 weight-only
 quantisation, applied once at load (see :func:`aiayn.pretrained.load_pretrained`)."""
 
-from aiayn.inference.precision import DTYPES, PackedLinear, cast_model, pack_linears, parse_dtype
+from aiayn.inference.precision import (
+    DTYPES,
+    PackedLinear,
+    cast_model,
+    pack_linears,
+    parse_dtype,
+)
 from aiayn.inference.quantization import (
     QUANTIZATIONS,
     Int8Linear,

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["DTYPES", "parse_dtype", "cast_model", "PackedLinear", "pack_linears"]
+__all__ = ["DTYPES", "PackedLinear", "cast_model", "pack_linears", "parse_dtype"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
