@@ -35,7 +35,7 @@ from aiayn.checkpoint.weights import (
     read_safetensors,
     state_dict_to_bytes,
 )
-from aiayn.inference.precision import cast_model, parse_dtype
+from aiayn.inference.precision import cast_model, pack_linears, parse_dtype
 from aiayn.inference.quantization import Int8Linear, check_int8_kernel, parse_quantize, quantize_int8
 
 __all__ = [
@@ -216,9 +216,11 @@ def prepare_for_inference(
     torch_dtype, quantize = parse_dtype(dtype), parse_quantize(quantize)
     if quantize == "int8":
         quantize_int8(model)  # from the fp32 weights, before any cast; checks the kernel
+    model.to(device).eval()
     if torch_dtype is not None:
         cast_model(model, torch_dtype)  # once: no step re-casts a weight
-    return model.to(device).eval()
+        pack_linears(model)  # half precision on the CPU: weights in oneDNN's layout, once
+    return model
 
 
 def _stored_quantization(directory: Path) -> dict | None:

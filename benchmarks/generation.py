@@ -37,7 +37,13 @@ from torch import Tensor, nn
 from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
 from aiayn.decoding.static import StaticCausalLMDecoder
-from aiayn.inference import Int8Linear, cast_model, quantize_int8
+from aiayn.inference import (
+    Int8Linear,
+    PackedLinear,
+    cast_model,
+    pack_linears,
+    quantize_int8,
+)
 from aiayn.interop.hf import load_hf
 
 log = logging.getLogger(__name__)
@@ -103,7 +109,7 @@ def weight_bytes(model: nn.Module) -> int:
     """Bytes of the Linear weights (and int8 scales, biases) a decoding step reads once per token."""
     total = 0
     for module in model.modules():
-        if isinstance(module, (nn.Linear, Int8Linear)) or type(module).__name__ == "Conv1D":  # HF GPT-2's Linear
+        if isinstance(module, (nn.Linear, Int8Linear, PackedLinear)) or type(module).__name__ == "Conv1D":  # HF GPT-2's Linear
             total += sum(t.numel() * t.element_size() for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)))
     return total
 
@@ -130,6 +136,7 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
     models: dict[str, nn.Module] = {"fp32": ours}
     if any("bf16" in n and n.startswith("ours") for n in names):
         models["bf16"] = cast_model(copy.deepcopy(ours), torch.bfloat16)
+        pack_linears(models["bf16"])  # as load_pretrained(dtype="bfloat16") does on the CPU
     if any("int8" in n for n in names):
         models["int8"] = quantize_int8(copy.deepcopy(ours))
     peer_bf16 = copy.deepcopy(peer).to(torch.bfloat16) if "hf-bf16" in names else None
@@ -252,6 +259,31 @@ def bench_beam(args: argparse.Namespace, sizes: dict, threads: int) -> tuple[flo
     return (args.beam_sentences / statistics.median(times["ours"]), args.beam_sentences / statistics.median(times["peer"]), same)
 
 
+def one_row_linears(repeats: int = 15, calls: int = 5) -> dict[str, tuple[float, float]]:
+    """ms per ``x (1, 768) @ W^T`` with ``W (3072, 768)``: fp32, bf16, bf16 packed once, int8 -> (median, best)."""
+    from aiayn.inference.precision import PackedLinear
+    from aiayn.inference.quantization import Int8Linear as Int8
+
+    torch.manual_seed(0)
+    linear = nn.Linear(768, 3072, bias=False)
+    bf16 = copy.deepcopy(linear).to(torch.bfloat16)
+    cases = {
+        "fp32": (linear, torch.randn(1, 768)), "bf16": (bf16, torch.randn(1, 768, dtype=torch.bfloat16)),
+        "bf16 packed": (PackedLinear(bf16), torch.randn(1, 768, dtype=torch.bfloat16)),
+        "int8": (Int8.from_linear(linear), torch.randn(1, 768, dtype=torch.bfloat16)),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    with torch.no_grad():
+        for _ in range(repeats):
+            for name, (module, x) in cases.items():
+                module(x)
+                start = time.perf_counter()
+                for _ in range(calls):
+                    module(x)
+                times[name].append((time.perf_counter() - start) / calls * 1e3)
+    return {name: (statistics.median(t), min(t)) for name, t in times.items()}
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -292,6 +324,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--beam-source-len", type=int, default=16, help="tokens per source (default: 16)")
     p.add_argument("--beam-new-tokens", type=int, default=32, help="tokens per hypothesis, EOS suppressed before (default: 32)")
     p.add_argument("--profile", default="", help="comma-separated variants to profile (torch.profiler, one call each)")
+    p.add_argument("--linears", action="store_true", help="only time one-row Linear layers (fp32, bf16, bf16 packed, int8)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1 round, few tokens (a smoke test)")
     args = p.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
@@ -324,6 +357,12 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, fl
     shape, sizes = (QUICK_GPT, QUICK_MARIAN) if args.quick else (GPT2, MARIAN)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {time.strftime('%a %b %d %Y %H:%M UTC', time.gmtime())}")
     rows: list[Row] = []
+    if args.linears:
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for name, (median, best) in one_row_linears().items():
+                print(f"threads {threads}: one-row Linear 768 -> 3072, {name}: median {median:.3f} ms, best {best:.3f} ms")
+        return rows, []
     if args.beam != "only":
         for threads in args.threads:
             torch.set_num_threads(threads)

@@ -17,7 +17,7 @@ from aiayn.decoding.adapters import as_decoder
 from aiayn.decoding.protocol import Decoder
 from aiayn.decoding.sampling import GenerationConfig, next_token
 
-__all__ = ["GenerationStep", "Generation", "generate_steps", "generate", "STOP_EOS", "STOP_STRING", "STOP_LENGTH"]
+__all__ = ["STOP_EOS", "STOP_LENGTH", "STOP_STRING", "Generation", "GenerationStep", "generate", "generate_steps"]
 
 STOP_EOS, STOP_STRING, STOP_LENGTH = "eos", "stop_string", "max_new_tokens"
 
@@ -73,13 +73,16 @@ def generate_steps(
     n_generated = torch.zeros(batch, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     texts = _StopStrings(config.stop_strings, detokenize, batch) if config.stop_strings else None
-    for _ in range(int(state.max_new_tokens.max())):
+    limits = set(state.max_new_tokens.tolist())  # the steps where a row reaches its length limit
+    for step in range(1, max(limits) + 1):
         tokens = next_token(logits, state, n_generated, config, generator)
         emitted = ~finished
         tokens = tokens.masked_fill(finished, config.pad_id)
         n_generated += emitted.long()
         stopped: dict[int, str] = {}
         done = torch.zeros_like(finished)
+        # The host reads the device's answer only at a step where a row may stop: every step when
+        # EOS or stop strings can end a row, else only at the length limits.
         if config.eos_id is not None:
             done = emitted & (tokens == config.eos_id)
             stopped.update((b, STOP_EOS) for b in done.nonzero().flatten().tolist())
@@ -87,11 +90,13 @@ def generate_steps(
             for b in texts.update(tokens, emitted & ~done):
                 stopped[b] = STOP_STRING
                 done[b] = True
-        at_limit = emitted & ~done & (n_generated >= state.max_new_tokens)
-        stopped.update((b, STOP_LENGTH) for b in at_limit.nonzero().flatten().tolist())
-        finished |= done | at_limit
+        if step in limits:
+            at_limit = emitted & ~done & (n_generated >= state.max_new_tokens)
+            stopped.update((b, STOP_LENGTH) for b in at_limit.nonzero().flatten().tolist())
+            done |= at_limit
+        finished |= done
         yield GenerationStep(tokens, emitted, stopped)
-        if bool(finished.all()):
+        if stopped and bool(finished.all()):
             return
         logits = decoder.step(tokens, state)
 

@@ -85,3 +85,24 @@ def test_beam_scores_are_fp32_log_probabilities_of_the_model(path):
             log_probs = model(src[row : row + 1], tgt[:, :-1], src_mask=mask[row : row + 1]).float().log_softmax(-1)
         expected = log_probs[0, torch.arange(len(best.tokens)), torch.tensor(best.tokens)].sum()
         assert best.log_prob == pytest.approx(float(expected), abs=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_linear_computes_the_plain_linear_and_repacks_after_a_change(dtype):
+    from torch import nn
+
+    from aiayn.inference import PackedLinear, pack_linears
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 48)).to(dtype)
+    plain = model[0]
+    x = torch.randn(2, 3, 32, dtype=dtype)
+    expected = torch.nn.functional.linear(x, plain.weight, plain.bias)
+    if pack_linears(model) == 0:
+        pytest.skip(f"torch's oneDNN cannot pack {dtype} here")
+    assert isinstance(model[0], PackedLinear) and model[0].weight is plain.weight  # the same parameter
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-2, atol=1e-2)
+        model[0].weight.mul_(2)  # an in-place change: the packed copy must follow
+        assert not torch.allclose(torch.nn.functional.linear(x, plain.weight, plain.bias), expected, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(model(x), torch.nn.functional.linear(x, plain.weight, plain.bias), rtol=1e-2, atol=1e-2)

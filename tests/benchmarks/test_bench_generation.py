@@ -1,0 +1,46 @@
+"""benchmarks/generation.py --quick: every variant generates on tiny shapes, the fp32 tokens equal Hugging
+Face's, and the tables (ratios, targets, bandwidth bound, beam search) are printed."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "generation.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("bench_generation", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_quick_mode_runs_every_eager_variant_and_beam_search(capsys):
+    bench = _load_script()
+    threads = torch.get_num_threads()
+    variants = "ours-fp32,ours-fp32-dynamic,ours-bf16,ours-int8,ours-fp32-uncached,hf-fp32,hf-bf16"
+    rows, beams = bench.main(["--quick", "--variants", variants, "--batches", "1,2", "--threads", "1"])
+    assert torch.get_num_threads() == threads
+    assert {(r.batch, r.variant) for r in rows} == {(b, v) for b in (1, 2) for v in variants.split(",")}
+    for r in rows:
+        assert r.tokens_per_s > 0
+        if r.variant in ("ours-fp32", "ours-fp32-dynamic", "ours-fp32-uncached"):
+            assert r.agree == 8  # every greedy token equals Hugging Face's in fp32
+    assert beams and beams[0][3]  # beam 4: the same best hypotheses as MarianMTModel.generate
+    out = capsys.readouterr().out
+    assert "copy bandwidth" in out and "| 1 | 1 | ours-int8 |" in out and ">= 3.0 x hf-fp32" in out
+
+
+def test_bad_flags_are_named():
+    bench = _load_script()
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--variants", "ours-fp64"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--batches", "0"])
