@@ -97,3 +97,25 @@ def test_a_model_no_class_holds_is_refused_naming_the_field(tmp_path):
         save_hf(tmp_path / "a", _random(shakespeare_type(positions="alibi")))
     with pytest.raises(ConfigError, match="mlm_head=True"):  # both heads: no single transformers class has them
         save_hf(tmp_path / "b", _random(sst2_type(n_classes=2)))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_rotary_decoder_exports_as_gpt_neox(bias, tmp_path):
+    """The Shakespeare recipe with positions: rotary (its best model), and the same with biases."""
+    config = shakespeare_type(positions="rotary", bias=bias, max_len=64)
+    ours = _random(config)
+    exported = save_hf(tmp_path, ours)
+    assert exported.architecture == "GPTNeoXForCausalLM"
+    hf = transformers.GPTNeoXForCausalLM.from_pretrained(tmp_path).eval()
+    assert hf.config.use_parallel_residual is False
+    x = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert_close_where(ours(x), hf(x).logits, what="logits")
+        theirs = hf.generate(x[:, :4], max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    from aiayn.decoding import CausalLMDecoder, greedy
+
+    assert greedy(CausalLMDecoder(ours), x[:, :4], max_new_tokens=10, eos_id=None).tokens.tolist() == theirs[:, 4:].tolist()
+    again = load_hf(tmp_path)
+    assert again.config == config.replace(max_len=64)
+    for key, value in ours.state_dict().items():
+        assert torch.equal(again.model.state_dict()[key], value), key
