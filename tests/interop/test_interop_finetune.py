@@ -83,3 +83,18 @@ def test_init_from_another_family_is_refused_naming_the_directory(tmp_path):
     data = DataSection(task="lm", dataset="files", train_files=[str(text)], block_size=16, batch_size=4)
     with pytest.raises(ValueError, match=rf"train.init_from: {hf_dir} holds a decoder-only model, but the recipe's model.family is 'encoder-only'"):
         train(_config(tmp_path, hf_dir, data, family="encoder-only"))
+
+
+def test_bert_masked_lm_fine_tune_masks_with_its_own_mask_id(tmp_path):
+    hf_dir = bert_dir(tmp_path / "bert")  # BertForMaskedLM: [MASK] is 4, specials 0..4
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("".join(f"0\t{SENTENCES[i % len(SENTENCES)]}\n" for i in range(16)))
+    data = DataSection(task="mlm", dataset="files", train_files=[str(tsv)], val_files=[str(tsv)], batch_size=8, max_len=32)
+    result = train(_config(tmp_path, hf_dir, data, dropout=0.0))
+    assert "val_loss" in result.metrics
+    batch = result.data.val[0]
+    predicted = batch.labels != -100
+    assert bool(predicted.any())
+    changed = batch.input[predicted][batch.input[predicted] != batch.labels[predicted]].tolist()
+    assert 4 in changed and all(t == 4 or t >= 5 for t in changed)  # [MASK] (4) or a random ordinary token
+    assert not bool(((batch.labels >= 0) & (batch.labels <= 4)).any())  # specials are never targets
