@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.interop.common import Architecture, ConfigError
-from aiayn.interop.hf_dir import read_hf_dir, write_hf_dir, write_hf_tokenizer
-from aiayn.interop.hf_tokenizer import check_fits, read_hf_tokenizers
+from aiayn.interop.hf_dir import read_hf_dir, write_hf_dir
+from aiayn.interop.hf_tokenizer import check_fits, read_hf_tokenizers, write_tokenizer
 from aiayn.interop.keymap import KeyMapError, export_tensors, import_tensors, load_into, tied_keys
 from aiayn.interop.registry import ARCHITECTURES, architecture as lookup_architecture
 from aiayn.models.config import TransformerConfig
@@ -150,7 +150,7 @@ def save_hf(
     exported = to_hf(model, architecture=architecture, hf_extras=hf_extras)
     write_hf_dir(directory, exported.config, exported.tensors)
     if tokenizer is not None:
-        note = write_hf_tokenizer(directory, tokenizer)
+        note = write_tokenizer(directory, tokenizer)
         if note:
             log.warning("%s", note)
     return exported
