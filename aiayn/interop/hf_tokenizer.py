@@ -22,7 +22,7 @@ from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.pretrained import PretrainedTokenizer
 from aiayn.tokenization.spm import read_marian_tokenizers
 
-__all__ = ["read_hf_tokenizers", "write_tokenizer", "check_fits"]
+__all__ = ["check_fits", "read_hf_tokenizers", "write_tokenizer"]
 
 
 def read_hf_tokenizers(path: str | Path) -> tuple[Tokenizer | None, Tokenizer | None, str | None]:

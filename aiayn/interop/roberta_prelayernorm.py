@@ -23,7 +23,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.interop.common import Architecture, ConfigError, hf_activation, layer_rules, our_activation, require, require_ours
+from aiayn.interop.common import (
+    Architecture,
+    ConfigError,
+    hf_activation,
+    layer_rules,
+    our_activation,
+    require,
+    require_ours,
+)
 from aiayn.interop.keymap import COPY, Ignore, Rule, Transform
 from aiayn.models.config import EncoderOnlyConfig, TransformerConfig
 

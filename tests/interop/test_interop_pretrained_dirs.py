@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from pretrained_dirs import SENTENCES, GERMAN, bert_dir, gpt2_dir, marian_dir
+from pretrained_dirs import GERMAN, SENTENCES, bert_dir, gpt2_dir, marian_dir
 
 import aiayn
 from aiayn.cli.main import main
