@@ -54,7 +54,7 @@ def _per_head_qkv(n_heads: int) -> Transform:
 def _rules(config: TransformerConfig) -> list[Rule]:
     assert isinstance(config, DecoderOnlyConfig)
     qkv = _per_head_qkv(config.n_heads)
-    table = (
+    table: tuple[tuple[str, Any, Transform], ...] = (
         ("input_layernorm.weight", "self_attn_norm.weight", COPY),
         ("input_layernorm.bias", "self_attn_norm.bias", COPY),
         ("attention.query_key_value.weight", tuple(f"{p}.weight" for p in QKV), qkv),
