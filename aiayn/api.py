@@ -189,9 +189,10 @@ def load_parts(
 def place(model: nn.Module, *, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None) -> nn.Module:
     """Move ``model`` to ``device`` and cast its floating-point weights to ``dtype`` (once), in eval mode."""
     if isinstance(dtype, str):
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        named = getattr(torch, dtype, None)
+        if not isinstance(named, torch.dtype):
             raise ValueError(f"dtype must be a torch dtype or its name (float32, bfloat16, float16), got {dtype!r}")
-        dtype = getattr(torch, dtype)
+        dtype = named
     return model.to(device=device, dtype=dtype).eval()
 
 

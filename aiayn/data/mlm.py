@@ -29,8 +29,13 @@ def mask_tokens(
     mask_prob: float = 0.15,
     mask_token_prob: float = 0.8,
     random_token_prob: float = 0.1,
+    mask_id: int = MASK_ID,
+    special: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``ids (B, T)`` -> ``(input, labels)``, both ``(B, T)`` int64; ``ids`` is not modified.
+
+    ``mask_id`` and ``special`` (ids never masked nor drawn as random tokens; default our ``0..6``)
+    are the tokenizer's: a pretrained BERT's ``[MASK]`` is 103 and its specials 0, 100..103.
 
     When nothing is selected but something could be, one random real token is selected, so a
     batch always has a target (an all-ignored batch makes the mean loss NaN).
@@ -45,7 +50,8 @@ def mask_tokens(
             f"mask_token_prob + random_token_prob must be <= 1, got {mask_token_prob} + {random_token_prob}"
         )
     ids = np.asarray(ids, dtype=np.int64)
-    maskable = ids >= N_SPECIAL  # never PAD, CLS, SEP, UNK, ...
+    excluded = np.arange(N_SPECIAL) if special is None else np.asarray(sorted(set(special)), dtype=np.int64)
+    maskable = ~np.isin(ids, excluded)  # never PAD, CLS, SEP, UNK, ...
     selected = (rng.random(ids.shape) < mask_prob) & maskable
     if not selected.any() and maskable.any():
         candidates = np.flatnonzero(maskable)
@@ -55,8 +61,12 @@ def mask_tokens(
     to_mask = selected & (r < mask_token_prob)
     to_random = selected & (r >= mask_token_prob) & (r < mask_token_prob + random_token_prob)
     inputs = ids.copy()
-    inputs[to_mask] = MASK_ID
-    inputs[to_random] = rng.integers(N_SPECIAL, vocab_size, size=int(to_random.sum()))
+    inputs[to_mask] = mask_id
+    if special is None:
+        inputs[to_random] = rng.integers(N_SPECIAL, vocab_size, size=int(to_random.sum()))
+    else:  # any id but the specials
+        ordinary = np.setdiff1d(np.arange(vocab_size), excluded)
+        inputs[to_random] = ordinary[rng.integers(len(ordinary), size=int(to_random.sum()))]
     return inputs, labels
 
 
@@ -65,13 +75,15 @@ class MLMCollate:
     :class:`MLMBatch`. Pass the ``rng`` for reproducible masks (:class:`ResumableLoader` does)."""
 
     def __init__(
-        self, vocab_size: int, *, mask_prob: float = 0.15, mask_token_prob: float = 0.8, random_token_prob: float = 0.1
+        self, vocab_size: int, *, mask_prob: float = 0.15, mask_token_prob: float = 0.8, random_token_prob: float = 0.1,
+        mask_id: int = MASK_ID, special: Sequence[int] | None = None,
     ) -> None:
         # Validate once, here, rather than at the first batch.
         mask_tokens(np.zeros((1, 1), dtype=np.int64), np.random.default_rng(0), vocab_size,
                     mask_prob=mask_prob, mask_token_prob=mask_token_prob, random_token_prob=random_token_prob)
         self.vocab_size, self.mask_prob = vocab_size, mask_prob
         self.mask_token_prob, self.random_token_prob = mask_token_prob, random_token_prob
+        self.mask_id, self.special = mask_id, None if special is None else list(special)
 
     def __call__(self, examples: Sequence[np.ndarray], rng: np.random.Generator | None = None) -> MLMBatch:
         ids, lengths = pad_batch(examples)
@@ -82,6 +94,8 @@ class MLMCollate:
             mask_prob=self.mask_prob,
             mask_token_prob=self.mask_token_prob,
             random_token_prob=self.random_token_prob,
+            mask_id=self.mask_id,
+            special=self.special,
         )
         return MLMBatch(
             input=torch.from_numpy(inputs),

@@ -5,6 +5,9 @@ everywhere, unscaled embeddings and a tied output. Its linears are transformers'
 store ``(in, out)`` (ours: ``(out, in)``), and its query/key/value projections are one fused
 ``c_attn`` of width ``3 * d_model``.
 
+A model of ours without biases (``bias=False``, the Shakespeare recipe's) exports as GPT-2 with every
+bias zero (the same function); importing that back gives ``bias=True`` with zero biases.
+
 Exact except for: GPT-2 has no padding token and never derives a mask from ``pad_token_id``, so
 imports get ``pad_id=None`` (pass ``pad_mask`` explicitly, as one passes ``attention_mask``);
 ``embd_pdrop`` (when it differs from ``resid_pdrop``) has no field of ours: training only.
@@ -13,6 +16,8 @@ imports get ``pad_id=None`` (pass ``pad_mask`` explicitly, as one passes ``atten
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from aiayn.interop.common import (
     Architecture,
@@ -24,7 +29,7 @@ from aiayn.interop.common import (
     require_ours,
     warn_training_only,
 )
-from aiayn.interop.keymap import COPY, FUSED_QKV_BIAS, FUSED_QKV_CONV1D_WEIGHT, TRANSPOSE, Ignore, Rule
+from aiayn.interop.keymap import COPY, FUSED_QKV_BIAS, FUSED_QKV_CONV1D_WEIGHT, TRANSPOSE, Ignore, Rule, Transform, derived
 from aiayn.models.config import DecoderOnlyConfig, TransformerConfig
 from aiayn.tokenization.special import BOS_ID, EOS_ID
 
@@ -65,9 +70,25 @@ def gpt2_rules(config: TransformerConfig) -> list[Rule]:
         Rule("ln_f.weight", ("decoder.norm.weight",)),
         Rule("ln_f.bias", ("decoder.norm.bias",)),
     ]
+    if not config.bias:  # ours has no biases (nanoGPT's bias=False): GPT-2 holds it with every bias zero
+        widths = {"attn.c_attn.bias": 3 * config.d_model, "mlp.c_fc.bias": config.d_ff}
+        rules = [
+            Rule(r.theirs, (), _zero_bias(r.theirs, widths.get(r.theirs.split(".", 2)[-1], config.d_model)))
+            if r.theirs.endswith(".bias") else r
+            for r in rules
+        ]
     if not tied:
         rules.append(Rule("lm_head.weight", ("output.weight",)))
     return rules
+
+
+def _zero_bias(key: str, width: int) -> Transform:
+    """A GPT-2 bias that our bias-free model holds as zero: written as zeros, refused on import unless zero."""
+    return derived(
+        "zero-bias",
+        lambda t: None if not t.any() else f"{key} is not zero, but the model has bias=False",
+        lambda: torch.zeros(width),
+    )
 
 
 def gpt2_config_from_hf(hf: dict[str, Any]) -> DecoderOnlyConfig:
@@ -92,7 +113,7 @@ def gpt2_fits(config: TransformerConfig) -> str | None:
     if not isinstance(config, DecoderOnlyConfig):
         return f"{NAME} holds a decoder-only model, got {type(config).__name__}"
     return require_ours(
-        config, NAME, positions="learned", norm_position="pre", has_final_norm=True, norm="layernorm", bias=True,
+        config, NAME, positions="learned", norm_position="pre", has_final_norm=True, norm="layernorm", bias=(True, False),
         scale_embeddings=False, n_kv_heads=(None, config.n_heads), activation=("gelu_tanh", "gelu", "relu"),
     )
 

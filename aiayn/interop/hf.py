@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.interop.common import Architecture, ConfigError
-from aiayn.interop.hf_dir import read_hf_dir, write_hf_dir, write_hf_tokenizer
-from aiayn.interop.hf_tokenizer import check_fits, read_hf_tokenizers
+from aiayn.interop.hf_dir import read_hf_dir, write_hf_dir
+from aiayn.interop.hf_tokenizer import check_fits, read_hf_tokenizers, write_tokenizer
 from aiayn.interop.keymap import KeyMapError, export_tensors, import_tensors, load_into, tied_keys
 from aiayn.interop.registry import ARCHITECTURES, architecture as lookup_architecture
 from aiayn.models.config import TransformerConfig
@@ -107,7 +107,7 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
         log.warning("%s: dropped %d key(s) with no counterpart: %s", arch.name, len(dropped), ", ".join(dropped))
     if tokenizer is not None and tgt_tokenizer is not None:
         check_fits(tokenizer, config.vocab_size)  # type: ignore[attr-defined]
-        check_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")  # type: ignore[attr-defined]
+        check_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")  # type: ignore[attr-defined,arg-type]
     elif note:
         log.info("no tokenizer: %s", note)
     return Imported(model, config, arch.name, tokenizer, note, dropped, hf_config, tgt_tokenizer)
@@ -153,7 +153,7 @@ def save_hf(
     exported = to_hf(model, architecture=architecture, hf_extras=hf_extras)
     write_hf_dir(directory, exported.config, exported.tensors)
     if tokenizer is not None:
-        note = write_hf_tokenizer(directory, tokenizer)
+        note = write_tokenizer(directory, tokenizer)
         if note:
             log.warning("%s", note)
     return exported

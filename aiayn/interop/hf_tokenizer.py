@@ -10,17 +10,19 @@ Marian's ``source.spm`` / ``target.spm`` + ``vocab.json`` as a pair of
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from aiayn.interop.hf_dir import write_hf_tokenizer
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.bpe import BPETokenizer
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.pretrained import PretrainedTokenizer
 from aiayn.tokenization.spm import read_marian_tokenizers
 
-__all__ = ["read_hf_tokenizers", "check_fits"]
+__all__ = ["check_fits", "read_hf_tokenizers", "write_tokenizer"]
 
 
 def read_hf_tokenizers(path: str | Path) -> tuple[Tokenizer | None, Tokenizer | None, str | None]:
@@ -45,6 +47,25 @@ def read_hf_tokenizers(path: str | Path) -> tuple[Tokenizer | None, Tokenizer | 
         src, tgt = read_marian_tokenizers(directory)
         return src, tgt, None
     return None, None, f"{directory} has no tokenizer.json (nor Marian's source.spm / target.spm)"
+
+
+def write_tokenizer(path: str | Path, tokenizer: Tokenizer) -> str | None:
+    """Write the tokenizer as transformers reads it; returns why not, or ``None``.
+
+    A pretrained tokenizer goes back as its own ``tokenizer.json`` with a ``tokenizer_config.json``
+    naming its special tokens; ours as :func:`~aiayn.interop.hf_dir.write_hf_tokenizer` writes it.
+    """
+    if not isinstance(tokenizer, PretrainedTokenizer):
+        return write_hf_tokenizer(path, tokenizer)
+    path = Path(path)
+    tokenizer.backend.save(str(path / "tokenizer.json"))
+    names = {
+        f"{role}_token": tokenizer.id_to_token(value)
+        for role, value in tokenizer.special_ids.to_dict().items() if value is not None
+    }
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **names}
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return None
 
 
 def check_fits(tokenizer: Tokenizer, vocab_size: int, name: str = "vocab_size") -> None:

@@ -6,12 +6,14 @@ from aiayn.interop.bart import BART
 from aiayn.interop.bert import BERT_ARCHITECTURES
 from aiayn.interop.common import Architecture
 from aiayn.interop.gpt2 import GPT2_LM_HEAD
+from aiayn.interop.gpt_neox import GPT_NEOX_CAUSAL_LM
 from aiayn.interop.marian import MARIAN_MT
+from aiayn.interop.roberta_prelayernorm import ROBERTA_PRELN_ARCHITECTURES
 
 __all__ = ["ARCHITECTURES", "NOT_SUPPORTED", "UnsupportedArchitecture", "architecture"]
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (GPT2_LM_HEAD, *BERT_ARCHITECTURES.values(), MARIAN_MT, BART)
+    a.name: a for a in (GPT2_LM_HEAD, *BERT_ARCHITECTURES.values(), MARIAN_MT, BART, *ROBERTA_PRELN_ARCHITECTURES.values(), GPT_NEOX_CAUSAL_LM)
 }
 
 # Classes people ask for that the core cannot yet represent exactly, and what it lacks.

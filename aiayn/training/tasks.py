@@ -38,7 +38,7 @@ from aiayn.data.batching import BatchPlan
 from aiayn.data.datasets import SST2_CLASS_NAMES
 from aiayn.tokenization import train_tokenizer, train_tokenizer_pair
 from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.special import special_ids
+from aiayn.tokenization.special import DEFAULT_SPECIAL_IDS, special_ids
 from aiayn.training.config import DataSection
 
 __all__ = ["TaskData", "build_task_data", "load_splits"]
@@ -149,7 +149,9 @@ def build_task_data(
     if data.task == "mlm":
         train_set = SentenceDataset.encode(texts, tok, max_len=data.max_len, too_long=data.too_long)
         val_set = SentenceDataset.encode(list(val_raw.texts), tok, max_len=data.max_len, too_long=data.too_long)
-        collate: Callable[..., Any] = MLMCollate(tok.vocab_size)
+        specials = special_ids(tok)  # ours, or a pretrained tokenizer's [MASK] and specials
+        special = None if specials == DEFAULT_SPECIAL_IDS else specials.ids()  # ours: the draw stays as it always was
+        collate: Callable[..., Any] = MLMCollate(tok.vocab_size, mask_id=specials.need("mask", "masked-LM training"), special=special)
         n_classes = 0
     else:
         train_set = ClassificationDataset.encode(train_raw, tok, max_len=data.max_len, too_long=data.too_long)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from pretrained_dirs import SENTENCES, GERMAN, bert_dir, gpt2_dir, marian_dir
+from pretrained_dirs import GERMAN, SENTENCES, bert_dir, gpt2_dir, marian_dir
 
 import aiayn
 from aiayn.cli.main import main
@@ -161,3 +161,14 @@ def test_convert_keeps_the_tokenizer(bert, marian, tmp_path):
     marian_again = load_pretrained(tmp_path / "marian")
     assert marian_again.src_tokenizer.encode(GERMAN[0]) == aiayn.load(marian).src_tokenizer.encode(GERMAN[0])
     assert aiayn.load(tmp_path / "marian").translate(GERMAN[:2], beam_size=2) == aiayn.load(marian).translate(GERMAN[:2], beam_size=2)
+
+
+def test_export_writes_the_pretrained_tokenizer_back(bert, tmp_path):
+    from aiayn.interop.convert import convert_from_hf, convert_to_hf
+
+    convert_from_hf(bert, tmp_path / "ours")
+    _, note = convert_to_hf(tmp_path / "ours", tmp_path / "back")
+    assert note is None
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+    assert (theirs.cls_token_id, theirs.sep_token_id, theirs.mask_token_id, theirs.pad_token_id) == (2, 3, 4, 0)
+    assert theirs("the cats sat")["input_ids"] == [2, *aiayn.load(bert).tokenizer.encode("the cats sat"), 3]

@@ -1,0 +1,121 @@
+"""Every model type a recipe trains exports to a transformers class with the same logits and greedy tokens.
+
+* Shakespeare (decoder-only, Pre-LN, learned positions, no biases) -> GPT2LMHeadModel with zero biases;
+* SST-2 (encoder-only, Pre-LN) -> RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification.
+A model no class can hold is refused, naming the field.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from interop_helpers import ATOL, assert_close_where
+
+from aiayn.interop import ConfigError, load_hf, save_hf
+from aiayn.models.config import DecoderOnlyConfig, EncoderOnlyConfig
+from aiayn.models.presets import model_class
+
+transformers = pytest.importorskip("transformers")
+
+
+def _random(config, seed=0):
+    torch.manual_seed(seed)
+    model = model_class(config)(config).eval()
+    with torch.no_grad():  # weights large enough that a wrong mapping shows (norm gains and biases too)
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def shakespeare_type(**overrides) -> DecoderOnlyConfig:
+    """recipes/shakespeare-char.yaml's model, tiny."""
+    fields = dict(vocab_size=50, n_layers=2, n_heads=4, d_model=32, d_ff=64, dropout=0.0, bias=False, activation="gelu",
+                  norm_position="pre", positions="learned", max_len=32, scale_embeddings=False, init_std=0.02, pad_id=None)
+    return DecoderOnlyConfig(**{**fields, **overrides})
+
+
+def sst2_type(**overrides) -> EncoderOnlyConfig:
+    """recipes/sst2-mlm.yaml / sst2.yaml's model, tiny."""
+    fields = dict(vocab_size=50, n_layers=2, n_heads=4, d_model=32, d_ff=64, dropout=0.0, attention_dropout=0.0,
+                  activation="gelu", norm_position="pre", positions="learned", max_len=32, scale_embeddings=False, init_std=0.02)
+    return EncoderOnlyConfig(**{**fields, **overrides})
+
+
+def test_bias_free_decoder_exports_as_gpt2_with_zero_biases(tmp_path):
+    ours = _random(shakespeare_type())
+    exported = save_hf(tmp_path, ours)
+    assert exported.architecture == "GPT2LMHeadModel"
+    biases = [k for k in exported.tensors if k.endswith(".bias")]
+    assert biases and all(not exported.tensors[k].any() for k in biases)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    x = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_close_where(ours(x), hf(x).logits, what="logits")
+        theirs = hf.generate(x[:, :4], max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    from aiayn.decoding import CausalLMDecoder, greedy
+
+    mine = greedy(CausalLMDecoder(ours), x[:, :4], max_new_tokens=10, eos_id=None).tokens
+    assert mine.tolist() == theirs[:, 4:].tolist()
+
+
+def test_a_zero_bias_gpt2_imports_back_as_the_same_function(tmp_path):
+    save_hf(tmp_path, _random(shakespeare_type()))
+    again = load_hf(tmp_path)  # imported as bias=True (GPT-2 always has biases), zero
+    assert again.config.bias is True
+    with torch.no_grad():
+        torch.testing.assert_close(again.model(torch.tensor([[1, 2, 3]])), _random(shakespeare_type())(torch.tensor([[1, 2, 3]])))
+
+
+@pytest.mark.parametrize("heads", ["mlm", "classifier"])
+def test_pre_ln_encoder_exports_as_roberta_prelayernorm(heads, tmp_path):
+    mlm = heads == "mlm"
+    config = sst2_type(mlm_head=mlm, n_classes=0 if mlm else 2)
+    ours = _random(config)
+    exported = save_hf(tmp_path, ours)
+    name = "RobertaPreLayerNormForMaskedLM" if mlm else "RobertaPreLayerNormForSequenceClassification"
+    assert exported.architecture == name
+    hf = getattr(transformers, name).from_pretrained(tmp_path).eval()
+    x = torch.randint(7, 50, (3, 10), generator=torch.Generator().manual_seed(2))
+    x[1, 6:] = 0  # right padding (pad id 0): RoBERTa's positions count real tokens only
+    mask = x != 0
+    with torch.no_grad():
+        hidden = ours(x, mask)
+        theirs = hf(x, attention_mask=mask.long()).logits
+        if mlm:
+            assert_close_where(ours.masked_lm_logits(hidden), theirs, mask, what="masked-LM logits")
+            assert ours.masked_lm_logits(hidden)[mask].argmax(-1).tolist() == theirs[mask].argmax(-1).tolist()
+        else:
+            assert (ours.classification_logits(hidden, mask) - theirs).abs().max() <= ATOL
+    again = load_hf(tmp_path)
+    assert again.config == config
+    for key, value in ours.state_dict().items():
+        assert torch.equal(again.model.state_dict()[key], value), key
+
+
+def test_a_model_no_class_holds_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="positions='alibi'"):
+        save_hf(tmp_path / "a", _random(shakespeare_type(positions="alibi")))
+    with pytest.raises(ConfigError, match="mlm_head=True"):  # both heads: no single transformers class has them
+        save_hf(tmp_path / "b", _random(sst2_type(n_classes=2)))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_rotary_decoder_exports_as_gpt_neox(bias, tmp_path):
+    """The Shakespeare recipe with positions: rotary (its best model), and the same with biases."""
+    config = shakespeare_type(positions="rotary", bias=bias, max_len=64)
+    ours = _random(config)
+    exported = save_hf(tmp_path, ours)
+    assert exported.architecture == "GPTNeoXForCausalLM"
+    hf = transformers.GPTNeoXForCausalLM.from_pretrained(tmp_path).eval()
+    assert hf.config.use_parallel_residual is False
+    x = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert_close_where(ours(x), hf(x).logits, what="logits")
+        theirs = hf.generate(x[:, :4], max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    from aiayn.decoding import CausalLMDecoder, greedy
+
+    assert greedy(CausalLMDecoder(ours), x[:, :4], max_new_tokens=10, eos_id=None).tokens.tolist() == theirs[:, 4:].tolist()
+    again = load_hf(tmp_path)
+    assert again.config == config.replace(max_len=64)
+    for key, value in ours.state_dict().items():
+        assert torch.equal(again.model.state_dict()[key], value), key
