@@ -25,10 +25,9 @@ from aiayn.data import (
     collate_classification,
     collate_lm,
 )
-from aiayn.decoding.adapters import Seq2SeqDecoder
-from aiayn.decoding.beam import BeamConfig, beam_search
-from aiayn.decoding.ensemble import ensemble, mean_log_probs
-from aiayn.decoding.protocol import right_pad
+from aiayn.decoding.beam import BeamConfig
+from aiayn.decoding.ensemble import mean_log_probs
+from aiayn.decoding.translate import translate_sentences
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
@@ -47,7 +46,6 @@ def _members(model: M | Sequence[M]) -> list[M]:
     return [m.eval() for m in models]
 
 
-@torch.no_grad()
 def translate_corpus(
     model: EncoderDecoder | Sequence[EncoderDecoder],
     src_tokenizer: Tokenizer,
@@ -58,25 +56,11 @@ def translate_corpus(
     batch_size: int = 64,
     progress: bool = False,
 ) -> list[str]:
-    """Beam-search translations of ``sources``, detokenized, in input order (batched by length for speed).
-
-    ``progress``: a tqdm bar (on stderr) counting sentences.
-    """
-    beam = beam or BeamConfig()
-    models = _members(model)
-    decoder = ensemble([Seq2SeqDecoder(m) for m in models])
-    encoded = [src_tokenizer.encode(text, add_eos=True) for text in sources]  # EOS on the source, as in training
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    out: list[str] = [""] * len(encoded)
-    device = next(models[0].parameters()).device
-    with tqdm(total=len(order), desc="translating", unit="sent", disable=not progress, dynamic_ncols=True) as bar:
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            ids, mask = right_pad([encoded[i] for i in chunk], device=device)
-            for i, hyps in zip(chunk, beam_search(decoder, ids, mask, beam)):
-                out[i] = tgt_tokenizer.decode(hyps[0].tokens) if hyps else ""
-            bar.update(len(chunk))
-    return out
+    """The best beam-search translation of each source, detokenized, in input order ("" for an empty
+    source); :func:`~aiayn.decoding.translate.translate_sentences` does the work."""
+    hypotheses = translate_sentences(_members(model), src_tokenizer, sources, beam or BeamConfig(),
+                                     batch_size=batch_size, progress=progress)
+    return [tgt_tokenizer.decode(hyps[0].tokens) if hyps else "" for hyps in hypotheses]
 
 
 def evaluate_translation(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
