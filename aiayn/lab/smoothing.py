@@ -87,10 +87,10 @@ def _batch(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torc
 def _bleu(model: EncoderDecoder, pairs: list[tuple[list[int], list[int]]]) -> float:
     import sacrebleu
 
-    from aiayn.decoding.greedy import greedy_decode
+    from aiayn.decoding.greedy import greedy
 
     src, _, _ = _batch(pairs)
-    out = greedy_decode(model.eval(), src, max_len=max(len(t) for _, t in pairs) + 5).tolist()
+    out = greedy(model.eval(), src, max_new_tokens=max(len(t) for _, t in pairs) + 5).tokens.tolist()
     hyps = [" ".join(f"w{i}" for i in (row[: row.index(EOS_ID)] if EOS_ID in row else row) if i != PAD_ID) for row in out]
     refs = [" ".join(f"w{i}" for i in t) for _, t in pairs]
     return float(sacrebleu.corpus_bleu(hyps, [refs]).score)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from aiayn.decoding.greedy import greedy_decode
+from aiayn.decoding.greedy import greedy
 from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.tokenization.special import BOS_ID, EOS_ID, SPECIAL_TOKENS
@@ -51,7 +51,7 @@ def copy_batch(batch_size: int, length: int, vocab_size: int, generator: torch.G
 def exact_match(model: EncoderDecoder, src: Tensor) -> float:
     """Fraction of rows whose greedy output is exactly ``src`` followed by EOS."""
     model.eval()
-    out = greedy_decode(model, src, max_len=src.shape[1] + 1)
+    out = greedy(model, src, max_new_tokens=src.shape[1] + 1).tokens  # (B, L) without BOS, pad after EOS
     expected = torch.cat([src, torch.full((src.shape[0], 1), EOS_ID)], dim=1)
     if out.shape[1] != expected.shape[1]:
         return 0.0

@@ -89,9 +89,9 @@ def collect_attention(
         src_ids = src_tokenizer.encode(text, add_eos=True)
         src = torch.tensor([src_ids])
         if target is None:
-            from aiayn.decoding.greedy import greedy_decode  # only needed here
+            from aiayn.decoding.greedy import greedy  # only needed here
 
-            out = greedy_decode(model, src, max_len=max_target_len)[0].tolist()
+            out = greedy(model, src, max_new_tokens=max_target_len).tokens[0].tolist()
             y = out[: out.index(EOS_ID)] if EOS_ID in out else out
             target = tgt_tokenizer.decode(y)
         else:
