@@ -24,6 +24,7 @@ from torch import nn
 from aiayn.checkpoint.directory import CONFIG_FILE
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.generation import generate as run_generation
+from aiayn.decoding.translate import translate_sentences
 from aiayn.decoding.text import (
     FilledMask,
     beam_config,
@@ -32,8 +33,6 @@ from aiayn.decoding.text import (
     generation_config,
     prompt_ids,
     score_texts,
-    seq2seq_decoder,
-    translate_texts,
 )
 from aiayn.models.config import TransformerConfig
 from aiayn.models.decoder_only import DecoderOnly
@@ -92,8 +91,7 @@ class LoadedModel:
         model = self._need(EncoderDecoder, "translate")
         texts = _as_list(texts, "texts")
         config = beam_config(self.tgt_tokenizer, beam_size=beam_size, length_penalty=length_penalty, max_new_tokens=max_new_tokens)
-        decoder = seq2seq_decoder(model, self.tgt_tokenizer)
-        results = translate_texts(decoder, self.src_tokenizer, self.tgt_tokenizer, texts, config, batch_size=batch_size, device=self.device)
+        results = translate_sentences([model], self.src_tokenizer, texts, config, tgt_tokenizer=self.tgt_tokenizer, batch_size=batch_size)
         return [self.tgt_tokenizer.decode(hyps[0].tokens) if hyps else "" for hyps in results]
 
     def generate(

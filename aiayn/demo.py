@@ -13,7 +13,7 @@ from typing import Callable
 from aiayn.data import DataError, load_multi30k, resolve_files
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation import evaluate_translation, translate_corpus
-from aiayn.pretrained import load_pretrained
+from aiayn.pretrained import Pretrained, load_pretrained
 from aiayn.training.config import DataSection, LoopSection, ModelSection, TrainConfig
 from aiayn.training.loop import train
 from aiayn.training.optim import OptimConfig, ScheduleConfig
@@ -68,14 +68,15 @@ def run_demo(
     say(f"  {scores['bleu_signature']}")
     for i in (0, 1, 2):
         say(f"\n  source    {test.src[i]}\n  output    {hyps[i]}\n  reference {test.tgt[i]}")
-    picture = _attention_picture(loaded, test.src[0], Path(run_dir))
+    picture = _attention_picture(loaded, test.src[0], hyps[0], Path(run_dir))  # the beam output printed above
     say(f"\ncross-attention of every layer and head for the first sentence: {picture}")
     return 0
 
 
-def _attention_picture(loaded: object, sentence: str, out_dir: Path) -> Path:
+def _attention_picture(loaded: Pretrained, sentence: str, translation: str, out_dir: Path) -> Path:
     from aiayn.viz.attention import collect_attention, plot_attention_grid
 
-    views, _ = collect_attention(loaded.model, loaded.src_tokenizer, sentence, tgt_tokenizer=loaded.tgt_tokenizer)  # type: ignore[attr-defined]
+    assert loaded.src_tokenizer is not None  # translate_corpus above needed it
+    views, _ = collect_attention(loaded.model, loaded.src_tokenizer, sentence, target=translation, tgt_tokenizer=loaded.tgt_tokenizer)
     cross = next(v for v in views if v.name == "decoder_cross")
     return plot_attention_grid(cross, out_dir / "attention_cross.png", title=f"cross-attention: {sentence}")

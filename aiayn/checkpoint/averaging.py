@@ -132,7 +132,8 @@ def average_last(run_dir: str | os.PathLike[str], n: int, out_dir: str | os.Path
             break
     if len(chosen) < n:
         names = [p.name for p in chosen]
-        raise ValueError(f"average_last needs {n} complete checkpoints in {run_dir}, found {len(chosen)}: {names}")
+        hint = f"; to average those, pass n={len(chosen)} (--last {len(chosen)})" if len(chosen) > 1 else ""
+        raise ValueError(f"average_last needs {n} complete checkpoints in {run_dir}, found {len(chosen)}: {names}{hint}")
     chosen.reverse()
     configs = [with_defaults(json.loads((p / CONFIG_FILE).read_bytes())) for p in chosen]
     for path, config in zip(chosen, configs):

@@ -7,7 +7,7 @@ import argparse
 from aiayn.interop.convert import convert_from_hf, convert_to_hf
 from aiayn.interop.registry import ARCHITECTURES
 
-HELP = "convert between a local Hugging Face model directory and an aiayn model directory (GPT-2, BERT, Marian)"
+HELP = "convert between a local Hugging Face model directory and an aiayn model directory (GPT-2, BERT, Marian, BART)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from aiayn.decoding.greedy import greedy_decode
+from aiayn.decoding.greedy import greedy
 from aiayn.tasks.copy import PASS_THRESHOLD, copy_batch, train_copy_task
 from aiayn.tokenization.special import EOS_ID
 
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"trained in {result.seconds:.1f} s; final loss {result.final_loss:.4f}")
     print(f"exact match with greedy decoding on 256 new sequences: {100 * result.exact_match:.1f}%")
     src, _, _ = copy_batch(3, args.length, result.model.config.vocab_size, torch.Generator().manual_seed(args.seed + 2))
-    out = greedy_decode(result.model.eval(), src, max_len=args.length + 1)
+    out = greedy(result.model.eval(), src, max_new_tokens=args.length + 1).tokens
     print(f"three examples (output ends with EOS = {EOS_ID}):")
     for row_in, row_out in zip(src.tolist(), out.tolist()):
         print(f"  {row_in} -> {row_out}")

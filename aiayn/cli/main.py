@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import os
 import sys
 from typing import Callable
 
@@ -51,18 +53,61 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help_line, add_arguments, _) in COMMANDS.items():
         add_arguments(sub.add_parser(name, help=help_line, description=help_line))
+    for each in _all_parsers(parser):
+        each.allow_abbrev = False  # --beam would silently mean --beam-size; a typo must not pass as a prefix
     return parser
+
+
+def _subparser_actions(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction]:
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subcommand parser under it."""
+    found = [parser]
+    for action in _subparser_actions(parser):
+        for child in action.choices.values():
+            found += _all_parsers(child)
+    return found
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` chose, e.g. ``bench attention``'s."""
+    for action in _subparser_actions(parser):
+        name = getattr(args, action.dest, None)
+        if name in action.choices:
+            return _command_parser(action.choices[name], args)
+    return parser
+
+
+def _reject_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """Exit with the subcommand's usage and a "did you mean" for each unknown flag (argparse reports them
+    at the top level, with the top-level usage)."""
+    command = _command_parser(parser, args)
+    flags = [s for a in command._actions for s in a.option_strings]
+    hints = []
+    for extra in extras:
+        close = difflib.get_close_matches(extra.split("=")[0], flags, n=1) if extra.startswith("-") else []
+        if close:
+            hints.append(f"{extra.split('=')[0]} -> did you mean {close[0]}?")
+    command.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _reject_unknown(parser, args, extras)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     if args.command is None:
         parser.print_help()
         return 0
     try:
         return COMMANDS[args.command][2](args)
+    except BrokenPipeError:
+        # The reader went away (`aiayn explain | head`): stop quietly, as Python's docs recommend.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, TypeError, OSError, FloatingPointError) as e:
         if args.verbose:
             raise

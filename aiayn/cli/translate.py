@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from aiayn.cli.args import finite_float
-from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_ensemble, read_texts
-from aiayn.decoding.ensemble import ensemble
-from aiayn.decoding.text import beam_config, seq2seq_decoder, translate_texts
+from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_ensemble, read_texts
+from aiayn.decoding.beam import BeamConfig
+from aiayn.decoding.translate import translate_sentences
 from aiayn.models.encoder_decoder import EncoderDecoder
 
 HELP = "translate text (arguments, or lines on stdin) with an encoder-decoder checkpoint; beam 4, alpha 0.6 by default"
@@ -23,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest output in tokens (default: source length + 50, section 6.1)")
     parser.add_argument("--n-best", type=int, default=1,
                         help="hypotheses to print per sentence, as INDEX<TAB>SCORE<TAB>TEXT (default: 1, text only)")
-    parser.add_argument("--batch-size", type=int, default=16, help="sentences decoded together (default: 16)")
+    parser.add_argument("--batch-size", type=int, default=16, help="sentences decoded together, grouped by length (default: 16)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,26 +33,27 @@ def run(args: argparse.Namespace) -> int:
     if args.n_best > args.beam_size:
         raise SystemExit(f"aiayn translate: --n-best must be <= --beam-size={args.beam_size}, got {args.n_best}")
     members = load_ensemble("translate", args, EncoderDecoder, "an encoder-decoder model")
-    src_tok, tgt_tok = members[0].src_tokenizer, members[0].tgt_tokenizer
-    try:  # the special ids (BOS, EOS, pad) are the tokenizers' own: ours, or a pretrained model's
-        config = beam_config(
-            tgt_tok, beam_size=args.beam_size, length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, n_best=args.n_best,
-        )
-        decoder = ensemble([seq2seq_decoder(m.model, tgt_tok) for m in members])  # type: ignore[arg-type]
-    except ValueError as e:
-        raise SystemExit(f"aiayn translate: --checkpoint {members[0].path}: {e}") from None
+    config = BeamConfig(
+        beam_size=args.beam_size, length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, n_best=args.n_best,
+    )
     texts = read_texts("translate", args.text)
-    index = 0
-    for chunk in batches(texts, args.batch_size):
-        try:  # the source ends with EOS (fairseq-style, as in training; Marian too)
-            results = translate_texts(decoder, src_tok, tgt_tok, chunk, config, batch_size=args.batch_size, device=args.device)
-        except ValueError as e:
-            raise SystemExit(f"aiayn translate: {e}") from None
-        for hypotheses in results:
-            if args.n_best == 1:
-                print(tgt_tok.decode(hypotheses[0].tokens) if hypotheses else "")
-            else:
-                for hyp in hypotheses:
-                    print(f"{index}\t{hyp.score:.4f}\t{tgt_tok.decode(hyp.tokens)}")
-            index += 1
+    empty = [i + 1 for i, text in enumerate(texts) if not text.strip()]
+    if empty and len(empty) == len(texts):
+        raise SystemExit("aiayn translate: the input is empty: nothing to translate")
+    if empty:
+        print(f"aiayn translate: warning: input {', '.join(map(str, empty))} is empty; its translation is left empty",
+              file=sys.stderr)
+    try:
+        results = translate_sentences([m.model for m in members], members[0].src_tokenizer, texts, config,  # type: ignore[misc]
+                                      tgt_tokenizer=members[0].tgt_tokenizer, batch_size=args.batch_size,
+                                      progress=len(texts) > args.batch_size)
+    except ValueError as e:
+        raise SystemExit(f"aiayn translate: {e}") from None
+    tgt_tok = members[0].tgt_tokenizer
+    for index, hypotheses in enumerate(results):
+        if args.n_best == 1:
+            print(tgt_tok.decode(hypotheses[0].tokens) if hypotheses else "")  # type: ignore[union-attr]
+        else:
+            for hyp in hypotheses:
+                print(f"{index}\t{hyp.score:.4f}\t{tgt_tok.decode(hyp.tokens)}")  # type: ignore[union-attr]
     return 0

@@ -50,6 +50,8 @@ def _positional(args: argparse.Namespace) -> int:
     for name in ("d_model", "max_len"):
         if getattr(args, name) < 2:
             raise SystemExit(f"aiayn viz positional: --{name.replace('_', '-')} must be >= 2, got {getattr(args, name)}")
+    if args.d_model % 2:
+        raise SystemExit(f"aiayn viz positional: --d-model must be even (sines and cosines come in pairs), got {args.d_model}")
     summary = plot_positional(args.d_model, args.max_len, args.out / "positional.png")
     print(f"wrote {summary.path}")
     print(f"PE(p).PE(p) = {summary.dot_at_zero:.2f} (= d_model/2); at distance {args.max_len - 1}: {summary.dot_at_max:.2f}")

@@ -20,7 +20,7 @@ from aiayn.decoding.encoder_only import (
 )
 from aiayn.decoding.ensemble import EnsembleDecoder
 from aiayn.decoding.generation import Generation, GenerationStep, generate, generate_steps
-from aiayn.decoding.greedy import greedy, greedy_decode
+from aiayn.decoding.greedy import greedy
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState, left_pad, right_pad
 from aiayn.decoding.sampling import GenerationConfig, logits_to_probs, next_token, sample
 from aiayn.decoding.streaming import TextStreamer, stream_text
@@ -28,7 +28,7 @@ from aiayn.decoding.streaming import TextStreamer, stream_text
 __all__ = [
     "Decoder", "DecodeState", "Seq2SeqDecoder", "CausalLMDecoder", "as_decoder", "left_pad", "right_pad",
     "SOURCE_EXTRA_TOKENS", "GenerationConfig", "Generation", "GenerationStep", "generate", "generate_steps",
-    "greedy", "greedy_decode", "logits_to_probs", "sample", "next_token", "BeamConfig", "Hypothesis",
+    "greedy", "logits_to_probs", "sample", "next_token", "BeamConfig", "Hypothesis",
     "beam_search", "length_penalty", "TextStreamer", "stream_text", "fill_mask", "classify",
     "MaskPrediction", "Classification", "encode_sentences", "encode_masked_text", "EnsembleDecoder",
 ]

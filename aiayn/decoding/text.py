@@ -14,9 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.decoding.adapters import Seq2SeqDecoder
-from aiayn.decoding.beam import BeamConfig, Hypothesis, beam_search
+from aiayn.decoding.beam import BeamConfig
 from aiayn.decoding.encoder_only import Classification, classify, encode_masked_text, encode_sentences, fill_mask
-from aiayn.decoding.protocol import Decoder, right_pad
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -26,7 +25,7 @@ from aiayn.tokenization.special import sentence_ids, special_ids
 
 __all__ = [
     "FilledMask", "seq2seq_decoder", "beam_config", "generation_config", "source_ids", "prompt_ids",
-    "translate_texts", "classify_texts", "fill_mask_text", "score_texts",
+    "pad_id", "classify_texts", "fill_mask_text", "score_texts",
 ]
 
 
@@ -44,7 +43,8 @@ def seq2seq_decoder(model: EncoderDecoder, tgt_tokenizer: Tokenizer) -> Seq2SeqD
     return Seq2SeqDecoder(model, bos_id=special_ids(tgt_tokenizer).need("bos", "translation (the first decoder input)"))
 
 
-def _pad(tokenizer: Tokenizer) -> int:
+def pad_id(tokenizer: Tokenizer) -> int:
+    """The tokenizer's pad id (else its EOS, else 0) for right-padding batches."""
     specials = special_ids(tokenizer)
     # GPT-2 has no pad token: finished rows are filled with EOS, as transformers does.
     for value in (specials.pad, specials.eos, 0):
@@ -56,12 +56,12 @@ def _pad(tokenizer: Tokenizer) -> int:
 def beam_config(tgt_tokenizer: Tokenizer, **fields: object) -> BeamConfig:
     """A :class:`BeamConfig` with the target tokenizer's EOS and pad ids."""
     eos = special_ids(tgt_tokenizer).need("eos", "beam search")
-    return BeamConfig(**fields, eos_id=eos, pad_id=_pad(tgt_tokenizer))  # type: ignore[arg-type]
+    return BeamConfig(**fields, eos_id=eos, pad_id=pad_id(tgt_tokenizer))  # type: ignore[arg-type]
 
 
 def generation_config(tokenizer: Tokenizer, **fields: object) -> GenerationConfig:
     """A :class:`GenerationConfig` with the tokenizer's EOS (``None``: never stop early) and pad ids."""
-    return GenerationConfig(**fields, eos_id=special_ids(tokenizer).eos, pad_id=_pad(tokenizer))  # type: ignore[arg-type]
+    return GenerationConfig(**fields, eos_id=special_ids(tokenizer).eos, pad_id=pad_id(tokenizer))  # type: ignore[arg-type]
 
 
 def source_ids(tokenizer: Tokenizer, text: str) -> list[int]:
@@ -73,24 +73,6 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
     """A generation prompt's ids; an empty prompt starts from BOS."""
     return tokenizer.encode(prompt) or [special_ids(tokenizer).need("bos", "an empty prompt")]
 
-
-def translate_texts(
-    decoder: Decoder,
-    src_tokenizer: Tokenizer,
-    tgt_tokenizer: Tokenizer,
-    texts: Sequence[str],
-    config: BeamConfig,
-    *,
-    batch_size: int = 16,
-    device: torch.device | str | None = None,
-) -> list[list[Hypothesis]]:
-    """Beam-search each text, ``batch_size`` at a time: per text, ``config.n_best`` hypotheses (token ids)."""
-    out: list[list[Hypothesis]] = []
-    pad = _pad(src_tokenizer)
-    for start in range(0, len(texts), batch_size):
-        ids, mask = right_pad([source_ids(src_tokenizer, t) for t in texts[start : start + batch_size]], pad, device=device)
-        out.extend(beam_search(decoder, ids, mask, config))
-    return out
 
 
 @torch.no_grad()

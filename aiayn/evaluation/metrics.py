@@ -6,7 +6,6 @@ probabilities are averaged (the members must share the tokenizer).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Sequence, TypeVar
 
@@ -26,10 +25,9 @@ from aiayn.data import (
     collate_classification,
     collate_lm,
 )
-from aiayn.decoding.beam import BeamConfig, beam_search
-from aiayn.decoding.ensemble import ensemble, mean_log_probs
-from aiayn.decoding.protocol import right_pad
-from aiayn.decoding.text import beam_config, seq2seq_decoder, source_ids
+from aiayn.decoding.beam import BeamConfig
+from aiayn.decoding.ensemble import mean_log_probs
+from aiayn.decoding.translate import translate_sentences
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
@@ -48,7 +46,6 @@ def _members(model: M | Sequence[M]) -> list[M]:
     return [m.eval() for m in models]
 
 
-@torch.no_grad()
 def translate_corpus(
     model: EncoderDecoder | Sequence[EncoderDecoder],
     src_tokenizer: Tokenizer,
@@ -59,26 +56,11 @@ def translate_corpus(
     batch_size: int = 64,
     progress: bool = False,
 ) -> list[str]:
-    """Beam-search translations of ``sources``, detokenized, in input order (batched by length for speed).
-
-    ``progress``: a tqdm bar (on stderr) counting sentences.
-    """
-    specials = beam_config(tgt_tokenizer)  # EOS and pad: the target tokenizer's own ids
-    beam = dataclasses.replace(beam or BeamConfig(), eos_id=specials.eos_id, pad_id=specials.pad_id)
-    models = _members(model)
-    decoder = ensemble([seq2seq_decoder(m, tgt_tokenizer) for m in models])
-    encoded = [source_ids(src_tokenizer, text) for text in sources]  # EOS on the source, as in training
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    out: list[str] = [""] * len(encoded)
-    device = next(models[0].parameters()).device
-    with tqdm(total=len(order), desc="translating", unit="sent", disable=not progress, dynamic_ncols=True) as bar:
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            ids, mask = right_pad([encoded[i] for i in chunk], specials.pad_id, device=device)
-            for i, hyps in zip(chunk, beam_search(decoder, ids, mask, beam)):
-                out[i] = tgt_tokenizer.decode(hyps[0].tokens) if hyps else ""
-            bar.update(len(chunk))
-    return out
+    """The best beam-search translation of each source, detokenized, in input order ("" for an empty
+    source); :func:`~aiayn.decoding.translate.translate_sentences` does the work."""
+    hypotheses = translate_sentences(_members(model), src_tokenizer, sources, beam or BeamConfig(),
+                                     tgt_tokenizer=tgt_tokenizer, batch_size=batch_size, progress=progress)
+    return [tgt_tokenizer.decode(hyps[0].tokens) if hyps else "" for hyps in hypotheses]
 
 
 def evaluate_translation(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:

@@ -29,4 +29,6 @@ def run_lab(name: str, *, quick: bool = False, out_dir: str | Path = "lab", seed
     if name not in LABS:
         raise ValueError(f"unknown lab {name!r}; valid labs: {', '.join(LABS)}")
     module = importlib.import_module(f"aiayn.lab.{name}")
-    return module.run(quick=quick, out_dir=Path(out_dir), seed=seed)
+    result: LabResult = module.run(quick=quick, out_dir=Path(out_dir), seed=seed)
+    result.quick = quick
+    return result

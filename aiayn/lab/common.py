@@ -1,7 +1,8 @@
 """What the experiments share: the result record, a minimal training loop and evaluation helpers.
 
-The loop is deliberately tiny (Adam, a per-step learning rate, label-smoothed cross-entropy):
-each experiment must show one effect in minutes on a CPU, with everything else held equal.
+The loop is deliberately tiny (Adam, a per-step learning rate, label-smoothed cross-entropy, the
+library's one training step): each experiment must show one effect in minutes on a CPU, with
+everything else held equal.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
-from aiayn.training.losses import label_smoothed_cross_entropy
 from aiayn.tokenization.special import PAD_ID
+from aiayn.training.objectives import seq2seq_loss, target_count
+from aiayn.training.step import TrainStep
 
 __all__ = ["LabResult", "TrainLog", "train", "token_accuracy", "held_out_nll", "Batch"]
 
@@ -35,10 +38,17 @@ class LabResult:
     plot: Path | None = None
     seconds: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
+    quick: bool = False  # tiny sizes: the verdict shows the code runs, it is no evidence for or against the claim
+
+    def headline(self) -> str:
+        """``lab NAME: VERDICT``; a quick run says that its verdict is not conclusive."""
+        if self.quick:
+            return f"lab {self.name} (QUICK RUN, NOT CONCLUSIVE; run without --quick for a verdict): {self.verdict} at tiny sizes"
+        return f"lab {self.name}: {self.verdict.upper()}"
 
     def format(self) -> str:
         lines = [
-            f"lab {self.name}: {self.verdict.upper()}",
+            self.headline(),
             f"claim: {self.claim}",
             f"measured: {self.summary}",
             f"settings: {', '.join(f'{k}={v}' for k, v in self.settings.items())}",
@@ -52,7 +62,7 @@ class LabResult:
         return {
             "name": self.name, "claim": self.claim, "verdict": self.verdict, "summary": self.summary,
             "numbers": self.numbers, "plot": str(self.plot) if self.plot else None, "seconds": self.seconds,
-            "settings": self.settings,
+            "settings": self.settings, "quick": self.quick,
         }
 
 
@@ -71,29 +81,28 @@ def train(
     lr_at: Callable[[int], float],
     smoothing: float = 0.0,
     clip: float | None = None,
+    desc: str = "training",
 ) -> TrainLog:
-    """Train an encoder-decoder for ``steps`` Adam steps (betas 0.9/0.98, eps 1e-9, section 5.3).
+    """Train an encoder-decoder for ``steps`` Adam steps (betas 0.9/0.98, eps 1e-9, section 5.3)
+    through the library's one training step (:class:`~aiayn.training.step.TrainStep`).
 
-    ``lr_at(step)`` gives the learning rate of step ``1..steps``. Stops early at a non-finite loss.
+    ``lr_at(step)`` gives the learning rate of step ``1..steps``. Stops early at a non-finite loss or
+    gradient. A tqdm bar (stderr) shows the steps.
     """
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(1), betas=(0.9, 0.98), eps=1e-9)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: lr_at(epoch + 1))  # lr = 1.0 * lr_at(step)
+    step_once = TrainStep(lambda b: seq2seq_loss(model, b, smoothing), model, optimizer, scheduler=scheduler,
+                          grad_clip=clip, count=target_count)
     model.train()
     losses: list[float] = []
     start = time.perf_counter()
-    for step in range(1, steps + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        src, tgt_in, tgt_out = next_batch()
-        loss_sum, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, pad_id=PAD_ID, smoothing=smoothing)
-        loss = loss_sum / count
-        if not torch.isfinite(loss):
+    for step in tqdm(range(1, steps + 1), desc=desc, unit="step", leave=False, dynamic_ncols=True):
+        try:
+            result = step_once([next_batch()], step)
+        except FloatingPointError:
             return TrainLog(losses, step, time.perf_counter() - start)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        losses.append(loss.item())
+        assert result is not None  # nonfinite="raise" never skips
+        losses.append(result.loss)
     return TrainLog(losses, None, time.perf_counter() - start)
 
 
@@ -116,8 +125,8 @@ def held_out_nll(model: nn.Module, batch: Batch) -> float:
     """Mean negative log-likelihood per target token (no smoothing): ``exp`` of it is the perplexity."""
     model.eval()
     src, tgt_in, tgt_out = batch
-    loss_sum, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, pad_id=PAD_ID, smoothing=0.0)
-    return float(loss_sum / count)
+    loss = seq2seq_loss(model, (src, tgt_in, tgt_out))
+    return float(loss.sum / loss.count)
 
 
 def tail_mean(values: list[float], fraction: float = 0.1) -> float:

@@ -25,6 +25,7 @@ from aiayn.lab.common import LabResult, tail_mean, token_accuracy, train
 from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.tasks.copy import copy_batch
+from aiayn.training.optim import noam_lr
 
 CLAIM = (
     "sinusoidal positions let a model work beyond the training length; learned positions cannot "
@@ -48,7 +49,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
     warmup = max(1, steps // 5)
 
     def noam(step: int) -> float:  # the paper's schedule, as in the copy task
-        return 0.5 * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        return noam_lr(step, d_model, warmup, factor=0.5)
 
     # The honest failure first: a table sized for training cannot look up position 2L.
     learned_small = EncoderDecoder(_config("learned", d_model, length + 1))

@@ -25,6 +25,7 @@ from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.tokenization.base import N_SPECIAL
 from aiayn.tokenization.special import BOS_ID, EOS_ID, PAD_ID
+from aiayn.training.optim import noam_lr
 
 CLAIM = "label smoothing (eps = 0.1) hurts held-out perplexity but improves accuracy and BLEU (paper Table 3)"
 N_ADJ, N_NOUN = 8, 16
@@ -86,10 +87,10 @@ def _batch(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torc
 def _bleu(model: EncoderDecoder, pairs: list[tuple[list[int], list[int]]]) -> float:
     import sacrebleu
 
-    from aiayn.decoding.greedy import greedy_decode
+    from aiayn.decoding.greedy import greedy
 
     src, _, _ = _batch(pairs)
-    out = greedy_decode(model.eval(), src, max_len=max(len(t) for _, t in pairs) + 5).tolist()
+    out = greedy(model.eval(), src, max_new_tokens=max(len(t) for _, t in pairs) + 5).tokens.tolist()
     hyps = [" ".join(f"w{i}" for i in (row[: row.index(EOS_ID)] if EOS_ID in row else row) if i != PAD_ID) for row in out]
     refs = [" ".join(f"w{i}" for i in t) for _, t in pairs]
     return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
@@ -108,7 +109,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
     warmup = max(1, steps // 5)
 
     def noam(step: int) -> float:
-        return 1.0 * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        return noam_lr(step, d_model, warmup)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -11,13 +11,16 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+from tqdm import tqdm
 
-from aiayn.decoding.greedy import greedy_decode
+from aiayn.decoding.greedy import greedy
 from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
-from aiayn.tokenization.special import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS
+from aiayn.tokenization.special import BOS_ID, EOS_ID, SPECIAL_TOKENS
+from aiayn.training.objectives import seq2seq_loss, target_count
+from aiayn.training.optim import ScheduleConfig, build_scheduler
+from aiayn.training.step import TrainStep
 
 __all__ = ["PASS_THRESHOLD", "CopyTaskResult", "copy_batch", "train_copy_task", "exact_match"]
 
@@ -48,7 +51,7 @@ def copy_batch(batch_size: int, length: int, vocab_size: int, generator: torch.G
 def exact_match(model: EncoderDecoder, src: Tensor) -> float:
     """Fraction of rows whose greedy output is exactly ``src`` followed by EOS."""
     model.eval()
-    out = greedy_decode(model, src, max_len=src.shape[1] + 1)
+    out = greedy(model, src, max_new_tokens=src.shape[1] + 1).tokens  # (B, L) without BOS, pad after EOS
     expected = torch.cat([src, torch.full((src.shape[0], 1), EOS_ID)], dim=1)
     if out.shape[1] != expected.shape[1]:
         return 0.0
@@ -66,7 +69,8 @@ def train_copy_task(
     factor: float = 0.5,
     log_every: int = 100,
 ) -> CopyTaskResult:
-    """Train a 2-layer encoder-decoder on the copy task with the paper's Adam and warmup schedule."""
+    """Train a 2-layer encoder-decoder on the copy task with the paper's Adam and Noam schedule, through the
+    library's one training step."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     config = EncoderDecoderConfig(
@@ -75,22 +79,16 @@ def train_copy_task(
     )
     model = EncoderDecoder(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)  # section 5.3
-    warmup = max(1, steps // 5)
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-        optimizer, lambda i: factor * d_model**-0.5 * min((i + 1) ** -0.5, (i + 1) * warmup**-1.5)
-    )
-    start, loss = time.perf_counter(), torch.tensor(float("nan"))
+    schedule = ScheduleConfig(name="noam", d_model=d_model, warmup=max(1, steps // 5), factor=factor)
+    step_once = TrainStep(lambda batch: seq2seq_loss(model, batch), model, optimizer,
+                          scheduler=build_scheduler(optimizer, schedule), count=target_count)
+    start, loss = time.perf_counter(), float("nan")
     model.train()
-    for step in range(1, steps + 1):
-        src, tgt_in, tgt_out = copy_batch(batch_size, length, vocab_size, generator)
-        logits = model(src, tgt_in)  # (B, L+1, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
+    for step in tqdm(range(1, steps + 1), desc="copy task", unit="step", leave=False, dynamic_ncols=True):
+        result = step_once([copy_batch(batch_size, length, vocab_size, generator)], step)
+        loss = result.loss if result is not None else loss
         if log_every and step % log_every == 0:
-            log.info("step %d loss %.4f", step, loss.item())
+            log.info("step %d loss %.4f", step, loss)
     seconds = time.perf_counter() - start
     test_src, _, _ = copy_batch(256, length, vocab_size, torch.Generator().manual_seed(seed + 1))
-    return CopyTaskResult(model, steps, seconds, loss.item(), exact_match(model, test_src))
+    return CopyTaskResult(model, steps, seconds, loss, exact_match(model, test_src))

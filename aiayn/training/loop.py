@@ -50,6 +50,7 @@ from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective
 from aiayn.training.optim import build_optimizer_from_config, build_scheduler
 from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
+from aiayn.training.progress import progress_bar
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
 from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from aiayn.training.step import StepResult, TrainStep
@@ -242,7 +243,7 @@ def _loop(
     """
     end = loop.stop_after or loop.max_steps
     batches = _forever(data.train)
-    bar = tqdm(total=loop.max_steps, initial=step, disable=not (loop.progress and dist_info.is_main), dynamic_ncols=True)
+    bar = progress_bar(loop, step, enabled=loop.progress and dist_info.is_main)  # steps, or the time budget
     metrics: dict[str, float] = {}
     last_saved, metrics_step, tokens, started = None, -1, 0, time.perf_counter()  # metrics_step: when metrics were made
     train_step.model.train()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from aiayn.data import IGNORE_INDEX, ClassificationBatch, LMBatch, MLMBatch, TranslationBatch
+from aiayn.tokenization.special import PAD_ID
 from aiayn.training.losses import TokenLoss, classification_loss, label_smoothed_cross_entropy, masked_lm_loss
 
-__all__ = ["Objective", "loss_count"]
+__all__ = ["Objective", "loss_count", "seq2seq_loss", "target_count"]
 
 
 class Objective(nn.Module):
@@ -50,3 +51,15 @@ def accuracy_counts(model: nn.Module, batch: ClassificationBatch) -> tuple[int, 
     """(correct, total) predictions of a classifier on ``batch``."""
     logits: Tensor = model.classification_logits(model(batch.input, batch.pad_mask), batch.pad_mask)
     return int((logits.argmax(-1) == batch.labels).sum()), batch.labels.numel()
+
+
+def seq2seq_loss(model: nn.Module, batch: tuple[Tensor, Tensor, Tensor], smoothing: float = 0.0) -> TokenLoss:
+    """The loss of an encoder-decoder on a plain ``(src (B, S), tgt_in (B, T), tgt_out (B, T))`` batch,
+    the form the copy task and the labs use (their masks come from ``pad_id``)."""
+    src, tgt_in, tgt_out = batch
+    return label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, pad_id=PAD_ID, smoothing=smoothing)
+
+
+def target_count(batch: tuple[Tensor, Tensor, Tensor]) -> int:
+    """How many non-pad targets a ``(src, tgt_in, tgt_out)`` batch has (:func:`seq2seq_loss` sums over them)."""
+    return int((batch[2] != PAD_ID).sum())

@@ -27,7 +27,7 @@ from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization import N_SPECIAL
 from aiayn.tokenization.base import Tokenizer
-from aiayn.decoding.text import beam_config, source_ids
+from aiayn.decoding.text import beam_config, seq2seq_decoder, source_ids
 from aiayn.tokenization.special import sentence_ids, special_ids
 
 __all__ = ["AttentionView", "collect_attention", "token_labels", "plot_attention_grid", "VIEW_TITLES"]
@@ -92,9 +92,10 @@ def collect_attention(
         specials = special_ids(tgt_tokenizer)  # ours, or a pretrained model's own ids
         bos, eos = specials.need("bos", "attention maps"), specials.need("eos", "attention maps")
         if target is None:
-            from aiayn.decoding.greedy import greedy_decode  # only needed here
+            from aiayn.decoding.greedy import greedy  # only needed here
 
-            out = greedy_decode(model, src, max_len=max_target_len, bos_id=bos, eos_id=eos, pad_id=beam_config(tgt_tokenizer).pad_id)[0].tolist()
+            decoder = seq2seq_decoder(model, tgt_tokenizer)  # starts from the target tokenizer's BOS
+            out = greedy(decoder, src, max_new_tokens=max_target_len, eos_id=eos, pad_id=beam_config(tgt_tokenizer).pad_id).tokens[0].tolist()
             y = out[: out.index(eos)] if eos in out else out
             target = tgt_tokenizer.decode(y)
         else:

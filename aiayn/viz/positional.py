@@ -46,12 +46,12 @@ def distance_profile(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def plot_positional(d_model: int, max_len: int, path: str | os.PathLike[str]) -> PositionalSummary:
     """Draw the heatmap and the dot product against distance into one PNG at ``path``.
 
-    Raises ``ValueError`` unless ``d_model >= 2`` and ``max_len >= 2``.
+    Raises ``ValueError`` unless ``d_model`` is even and >= 2 and ``max_len >= 2``.
     """
     from aiayn.viz.style import DIVERGING_CMAP, SERIES_COLORS, new_figure, save_figure, style_axes, style_context
 
-    if d_model < 2:
-        raise ValueError(f"d_model must be >= 2, got {d_model}")
+    if d_model < 2 or d_model % 2:
+        raise ValueError(f"d_model must be even and >= 2 (sines and cosines come in pairs, section 3.5), got {d_model}")
     if max_len < 2:
         raise ValueError(f"max_len must be >= 2, got {max_len}")
     table = sinusoid_table(max_len, d_model)  # (L, D)

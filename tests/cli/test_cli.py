@@ -37,3 +37,39 @@ def test_copy_task_says_why_it_fails(capsys):
     assert main(["copy-task", "--steps", "1", "--length", "3"]) == 1
     err = capsys.readouterr().err
     assert "below the pass mark of 90%" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "hint"),
+    [
+        (["train", "x.yaml", "--sett", "a=b"], "usage: aiayn train", "did you mean --set?"),
+        (["translate", "--checkpoint", "x", "--beam-sise", "3"], "usage: aiayn translate", "did you mean --beam-size?"),
+        (["bench", "attention", "--max-lem", "5"], "usage: aiayn bench attention", "did you mean --max-len?"),
+    ],
+)
+def test_a_flag_typo_shows_the_subcommand_usage_and_a_suggestion(argv, usage, hint, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and "unrecognized arguments" in err and hint in err
+
+
+def test_abbreviated_flags_are_refused(capsys):
+    """--beam is not silently taken for --beam-size."""
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--checkpoint", "x", "--split", "val", "--beam", "2"])
+    assert "did you mean --beam-size?" in capsys.readouterr().err
+
+
+def test_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    """`aiayn presets | head -0`: the reader is gone; no traceback, no error message."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w", buffering=1) as stream:
+        monkeypatch.setattr(sys, "stdout", stream)
+        assert main(["presets"]) == 1
+        monkeypatch.undo()
+    assert capsys.readouterr().err == ""

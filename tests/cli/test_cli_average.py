@@ -48,7 +48,7 @@ def test_average_checkpoints_errors_name_the_path_and_the_count(tmp_path: Path, 
     run, _, _ = _run_with_checkpoints(tmp_path, 2)
     assert main(["average-checkpoints", str(run), "--last", "5", "--out", str(tmp_path / "avg")]) == 2
     err = capsys.readouterr().err
-    assert f"needs 5 complete checkpoints in {run}, found 2" in err
+    assert f"needs 5 complete checkpoints in {run}, found 2" in err and "(--last 2)" in err
     assert not (tmp_path / "avg").exists()
     assert main(["average-checkpoints", str(tmp_path / "nope"), "--out", str(tmp_path / "avg")]) == 2
     assert f"run directory does not exist: {tmp_path / 'nope'}" in capsys.readouterr().err

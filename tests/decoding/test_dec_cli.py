@@ -60,6 +60,28 @@ def test_translate_stdin_and_n_best(capsys, translator, monkeypatch):
     assert scores[0] >= scores[1] and scores[2] >= scores[3]
 
 
+def test_translate_refuses_empty_input_and_warns_about_empty_lines(capsys, translator):
+    with pytest.raises(SystemExit, match="the input is empty: nothing to translate"):
+        main(["translate", "--checkpoint", translator, ""])
+    code, out, err = run(capsys, "translate", "--checkpoint", translator, "--max-new-tokens", "3", "a cat", " ", "the dog")
+    assert code == 0 and out.split("\n")[1] == "" and len(out.splitlines()) == 3
+    assert "input 2 is empty" in err
+
+
+def test_translate_batches_by_length_but_answers_in_input_order(translator, tokenizer):
+    """The one translation path: sorted batches give each sentence the output it gets alone."""
+    from aiayn.decoding.beam import BeamConfig
+    from aiayn.decoding.translate import translate_sentences
+    from aiayn.pretrained import load_pretrained
+
+    model = load_pretrained(translator).model
+    texts = ["a", "hello world. the dog", "", "the cat sat"]
+    beam = BeamConfig(beam_size=2, max_new_tokens=4)
+    together = translate_sentences([model], tokenizer, texts, beam, batch_size=2)
+    alone = [translate_sentences([model], tokenizer, [t], beam)[0] for t in texts]
+    assert together[2] == [] and [[h.tokens for h in hs] for hs in together] == [[h.tokens for h in hs] for hs in alone]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from aiayn.decoding import GenerationConfig, generate, greedy, greedy_decode, left_pad, logits_to_probs, right_pad
+from aiayn.decoding import GenerationConfig, generate, greedy, left_pad, logits_to_probs, right_pad
 from aiayn.decoding.processors import (
     apply_repetition_penalty,
     block_repeated_ngrams,
@@ -56,16 +56,6 @@ def test_batch_greedy_equals_one_by_one(family):
     batched = greedy(model, ids, mask, max_new_tokens=6).sequences()
     rows = random_rows((6, 3, 5), 3)
     assert batched == [greedy(model, torch.tensor([r]), max_new_tokens=6).sequences()[0] for r in rows]
-
-
-def test_greedy_decode_keeps_its_contract():
-    """The copy task's entry point: (B, L) ids without BOS, pad after EOS, L = steps until all ended."""
-    model, ids, mask = inputs("encoder-decoder")
-    out = greedy_decode(model, ids, mask, max_len=5)
-    assert out.shape == (3, 5) and out.dtype == torch.long
-    assert out.tolist() == greedy(model, ids, mask, max_new_tokens=5).tokens.tolist()
-    with pytest.raises(ValueError, match="max_len must be >= 1, got 0"):
-        greedy_decode(model, ids, max_len=0)
 
 
 def test_decoder_only_needs_max_new_tokens():

@@ -26,7 +26,8 @@ def test_quick_lab(name, tmp_path):
     _assert_png(result.plot)
     assert result.plot == tmp_path / f"lab_{name}.png"
     text = result.format()
-    assert text.startswith(f"lab {name}: {result.verdict.upper()}") and "measured:" in text
+    assert text.startswith(f"lab {name} (QUICK RUN, NOT CONCLUSIVE") and "measured:" in text
+    assert result.verdict.upper() not in text.splitlines()[0]  # no "CONFIRMED" headline for a quick run
     json.dumps(result.to_dict())  # serialisable
 
 
@@ -38,5 +39,12 @@ def test_unknown_lab():
 def test_cli_writes_json(tmp_path, capsys):
     assert main(["lab", "scaling", "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "lab_scaling.json").read_text())
-    assert data["verdict"] in VERDICTS and data["name"] == "scaling"
+    assert data["verdict"] in VERDICTS and data["name"] == "scaling" and data["quick"] is True
     assert "lab scaling:" in capsys.readouterr().out
+
+
+def test_a_full_run_states_its_verdict_plainly():
+    from aiayn.lab.common import LabResult
+
+    result = LabResult("x", "claim", "partly confirmed", "numbers", {"a": 1})
+    assert result.format().startswith("lab x: PARTLY CONFIRMED")

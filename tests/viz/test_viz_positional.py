@@ -39,3 +39,9 @@ def test_cli_rejects_bad_size(tmp_path):
 
     with pytest.raises(SystemExit, match="--d-model must be >= 2, got 1"):
         main(["viz", "positional", "--d-model", "1", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--d-model must be even .*, got 7"):
+        main(["viz", "positional", "--d-model", "7", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="d_model must be even"):
+        from aiayn.viz.positional import plot_positional
+
+        plot_positional(7, 10, tmp_path / "x.png")
