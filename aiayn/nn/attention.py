@@ -14,7 +14,6 @@ all-zero output and zero gradients in both backends (no NaN, no ``-1e9`` that ov
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +21,9 @@ from torch import Tensor
 
 from aiayn.nn.masks import causal_mask, check_attention_mask
 
-Backend = Literal["math", "sdpa"]
 BACKENDS: tuple[str, ...] = ("math", "sdpa")
 
-__all__ = ["scaled_dot_product_attention", "BACKENDS", "Backend"]
+__all__ = ["scaled_dot_product_attention", "BACKENDS"]
 
 
 def scaled_dot_product_attention(
