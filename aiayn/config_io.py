@@ -5,7 +5,8 @@ Configs are typed dataclasses validated in ``__post_init__``; files and command 
 an unknown key lists the valid keys and suggests the closest one, a wrongly typed value names its
 dotted key and the expected type. Supported annotations: ``int``, ``float`` (ints accepted), ``bool``,
 ``str``, ``X | None`` and other unions, ``Literal[...]``, nested dataclasses, ``list[X]``,
-``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[str, X]`` and ``Any``; string annotations
+``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[str, X]``, ``Any``, and classes that convert themselves
+(``to_plain()`` / ``from_plain(data, path)``, the model section); string annotations
 (``from __future__ import annotations``) are resolved with ``typing.get_type_hints``.
 
 YAML is read with PyYAML's safe loader plus one YAML 1.2 rule: ``5e-4`` and ``1e9`` are floats
@@ -30,7 +31,7 @@ import yaml
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 
-__all__ = ["to_dict", "from_dict", "load_yaml", "save_yaml", "apply_overrides", "parse_yaml_value"]
+__all__ = ["to_dict", "from_dict", "convert_value", "load_yaml", "save_yaml", "apply_overrides", "parse_yaml_value"]
 
 T = TypeVar("T")
 
@@ -65,6 +66,8 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 
 def _plain(value: Any, path: str) -> Any:
+    if _is_plain_section(type(value)):
+        return _plain(value.to_plain(), path)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name), _join(path, f.name)) for f in _init_fields(type(value))}
     if isinstance(value, (list, tuple)):
@@ -120,6 +123,11 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
         raise type(e)(f"{path}: {e}") from e
 
 
+def convert_value(value: Any, tp: Any, path: str) -> Any:
+    """Check plain ``value`` against the annotation ``tp`` (as ``from_dict`` does for a field at ``path``)."""
+    return _convert(value, tp, path)
+
+
 def _convert(value: Any, tp: Any, path: str) -> Any:
     """Check ``value`` against annotation ``tp`` and return it in the annotated form."""
     if tp is Any:
@@ -144,6 +152,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, Mapping):
             return from_dict(tp, value, path=path)
         raise _type_error(path, tp, value)
+    if _is_plain_section(tp):
+        return value if isinstance(value, tp) else tp.from_plain(value, path)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -281,8 +291,12 @@ def _resolve_key(cls: type[Any], data: dict[str, Any], key: str) -> tuple[Any, d
     """Walk ``key``'s dotted parts through nested dataclasses: (annotation, containing dict, last part)."""
     *sections, leaf = key.split(".")
     prefix = ""
-    for part in sections:
+    for i, part in enumerate(sections):
         tp = _field_type(cls, part, prefix)
+        if _is_plain_section(tp) and i == len(sections) - 1:  # its keys are checked by the section itself
+            if not isinstance(data.get(part), dict):
+                data[part] = {}
+            return Any, data[part], leaf
         section = _dataclass_of(tp)
         if section is None:
             raise ValueError(
@@ -303,6 +317,12 @@ def _field_type(cls: type[Any], name: str, prefix: str) -> Any:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _is_plain_section(tp: Any) -> bool:
+    """A config section that is not a dataclass but converts itself (``to_plain`` / ``from_plain``),
+    e.g. the model section, whose keys are a preset's fields and whose absent keys mean "unchanged"."""
+    return isinstance(tp, type) and hasattr(tp, "from_plain") and hasattr(tp, "to_plain")
 
 
 @functools.cache

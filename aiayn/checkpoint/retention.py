@@ -33,10 +33,12 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class RetentionConfig:
-    """Keep the last ``keep_last`` checkpoints and the best by ``metric`` (``mode``: lower or higher is better)."""
+    """Keep the last ``keep_last`` checkpoints and the best by ``metric`` (``mode``: lower or higher is better;
+    ``metric=None``: no best). The defaults are the training loop's, so a partial ``retention:`` block in
+    YAML and the same keys given with ``--set`` mean the same."""
 
-    keep_last: int = 5
-    metric: str | None = None
+    keep_last: int = 3
+    metric: str | None = "val_loss"
     mode: Literal["min", "max"] = "min"
 
     def __post_init__(self) -> None:

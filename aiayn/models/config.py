@@ -26,7 +26,6 @@ __all__ = [
     "EncoderDecoderConfig",
     "DecoderOnlyConfig",
     "EncoderOnlyConfig",
-    "ModelConfig",
     "config_from_dict",
     "with_defaults",
     "config_from_json",
@@ -39,6 +38,7 @@ class TransformerConfig:
 
     family: ClassVar[str] = ""
 
+    vocab_size: int  # the source vocabulary (encoder-decoder: the target one too unless tgt_vocab_size is set)
     d_model: int = 512
     n_heads: int = 8
     n_kv_heads: int | None = None  # None = n_heads; fewer = grouped-query attention
@@ -153,7 +153,6 @@ class EncoderDecoderConfig(TransformerConfig):
 
     family: ClassVar[str] = "encoder-decoder"
 
-    vocab_size: int  # the source vocabulary, and the target one unless tgt_vocab_size is set
     tgt_vocab_size: int | None = None
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
@@ -184,7 +183,6 @@ class DecoderOnlyConfig(TransformerConfig):
 
     family: ClassVar[str] = "decoder-only"
 
-    vocab_size: int
     n_layers: int = 12
     tie_output: bool = True
 
@@ -200,7 +198,6 @@ class EncoderOnlyConfig(TransformerConfig):
 
     family: ClassVar[str] = "encoder-only"
 
-    vocab_size: int
     n_layers: int = 12
     n_segments: int = 2  # 0 = no segment embeddings
     n_classes: int = 2  # 0 = no classification head
@@ -220,7 +217,6 @@ class EncoderOnlyConfig(TransformerConfig):
         _check_pad_id(self)
 
 
-ModelConfig = EncoderDecoderConfig | DecoderOnlyConfig | EncoderOnlyConfig
 FAMILIES: dict[str, type[TransformerConfig]] = {
     cls.family: cls for cls in (EncoderDecoderConfig, DecoderOnlyConfig, EncoderOnlyConfig)
 }

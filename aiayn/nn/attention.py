@@ -17,7 +17,6 @@ all-zero output and zero gradients in both backends (no NaN, no ``-1e9`` that ov
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +24,10 @@ from torch import Tensor
 
 from aiayn.nn.masks import causal_mask, check_attention_mask
 
-Backend = Literal["math", "sdpa", "auto"]
 BACKENDS: tuple[str, ...] = ("math", "sdpa", "auto")
 AUTO_MATH_MAX_KEYS = 128
 
-__all__ = ["scaled_dot_product_attention", "resolve_backend", "BACKENDS", "Backend", "AUTO_MATH_MAX_KEYS"]
+__all__ = ["scaled_dot_product_attention", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS"]
 
 
 def resolve_backend(backend: str, q: Tensor, k_len: int) -> str:

@@ -22,7 +22,6 @@ from torch import Tensor
 
 __all__ = [
     "padding_mask_from_lengths",
-    "padding_mask_from_ids",
     "causal_mask",
     "attention_mask",
     "check_attention_mask",
@@ -47,13 +46,6 @@ def padding_mask_from_lengths(lengths: Tensor, max_len: int | None = None) -> Te
         raise ValueError(f"lengths must be <= max_len={max_len}, got a length of {longest}")
     positions = torch.arange(max_len, device=lengths.device)
     return positions[None, :] < lengths[:, None]  # (B, S)
-
-
-def padding_mask_from_ids(ids: Tensor, pad_id: int) -> Tensor:
-    """``(B, S)`` token ids -> ``(B, S)`` bool mask, ``True`` where ``ids != pad_id``."""
-    if ids.dim() != 2:
-        raise ValueError(f"ids must have shape (B, S), got shape {tuple(ids.shape)}")
-    return ids != pad_id
 
 
 def causal_mask(q_len: int, k_len: int | None = None, device: torch.device | str | None = None) -> Tensor:

@@ -6,17 +6,14 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiayn.models.config import (
-    DecoderOnlyConfig,
-    EncoderDecoderConfig,
-    EncoderOnlyConfig,
-    TransformerConfig,
-    config_from_dict,
-)
+from aiayn.config_io import convert_value
+from aiayn.models.config import FAMILIES, TransformerConfig, config_from_dict
 from aiayn.models.presets import preset
 from aiayn.training.optim import OptimConfig, ScheduleConfig
 from aiayn.checkpoint.retention import RetentionConfig
@@ -27,37 +24,78 @@ TASKS = ("translation", "lm", "mlm", "classification")
 DATASET_NAMES = ("multi30k", "tinyshakespeare", "sst2", "files")
 
 
-def _model_section_fields() -> list[tuple[str, Any, Any]]:
-    """Every model-config field of every family, as an optional override (``None`` = keep the preset's)."""
-    fields: dict[str, Any] = {}
-    for cls in (EncoderDecoderConfig, DecoderOnlyConfig, EncoderOnlyConfig):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.name not in fields:
-                tp = hints[f.name]
-                optional = tp if type(None) in typing.get_args(tp) else tp | None
-                fields[f.name] = (f.name, optional, field(default=None))
-    return [("preset", str | None, field(default=None)), ("family", str | None, field(default=None)), *fields.values()]
+_SECTION_KEYS = ("preset", "family")
 
 
-ModelSection = dataclasses.make_dataclass("ModelSection", _model_section_fields(), kw_only=True)
-ModelSection.__module__ = __name__
-ModelSection.__doc__ = (
-    "The model: a ``preset`` (or a ``family`` built from defaults) plus any config field to override. "
-    "``vocab_size`` defaults to the tokenizer's."
-)
+def _model_fields() -> dict[str, Any]:
+    """Every model-config field of every family, in a stable order, with its annotation."""
+    hints: dict[str, Any] = {}
+    for cls in FAMILIES.values():
+        types = typing.get_type_hints(cls)
+        hints.update((f.name, types[f.name]) for f in dataclasses.fields(cls) if f.name not in hints)
+    return hints
 
 
-def build_model_config(section: Any, *, vocab_size: int | None = None) -> TransformerConfig:
+class ModelSection:
+    """The model: a ``preset`` (or a ``family`` built from its defaults) plus the fields to change.
+
+    A field that is absent keeps the preset's value; a field given as ``None`` (YAML ``null``) is set
+    to ``None`` (``pad_id: null`` means "no padding token"). The changes are checked by building the
+    config at once, with the config's own ``replace`` (a field unknown to the family, or a bad value,
+    fails here, before any work). ``vocab_size`` defaults to the tokenizer's.
+    In YAML the section is flat: ``model: {preset: tiny-decoder-only, d_model: 64, pad_id: null}``.
+    """
+
+    def __init__(self, *, preset: str | None = None, family: str | None = None, **overrides: Any) -> None:
+        if (preset is None) == (family is None):
+            raise ValueError(f"model: give exactly one of model.preset or model.family (e.g. model.preset=tiny-decoder-only), "
+                             f"got preset={preset!r}, family={family!r}")
+        valid = _model_fields()
+        for key in overrides:
+            if key not in valid:
+                close = difflib.get_close_matches(key, valid, n=1)
+                hint = f" (did you mean 'model.{close[0]}'?)" if close else ""
+                raise ValueError(f"unknown key 'model.{key}'{hint}; valid keys: preset, family, {', '.join(valid)}")
+        self.preset, self.family, self.overrides = preset, family, dict(overrides)
+        self.build(vocab_size=self.overrides.get("vocab_size") or 32_000)  # validate now (any vocabulary will do)
+
+    def build(self, *, vocab_size: int | None = None) -> TransformerConfig:
+        """The model config; ``vocab_size`` fills in when the section does not set it."""
+        values = dict(self.overrides)
+        if vocab_size is not None and values.get("vocab_size") is None:
+            values["vocab_size"] = vocab_size
+        if self.preset is not None:
+            return preset(self.preset, **values)
+        return config_from_dict({"family": self.family, **values})
+
+    def to_plain(self) -> dict[str, Any]:
+        """The flat YAML form: ``preset`` or ``family``, then the overrides as given."""
+        head = {"preset": self.preset} if self.preset is not None else {"family": self.family}
+        return head | self.overrides
+
+    @classmethod
+    def from_plain(cls, data: Mapping[str, Any], path: str = "model") -> ModelSection:
+        """The section from its flat YAML form (see :meth:`to_plain`); errors name ``path``."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"{path}: expected a mapping of model fields, got {type(data).__name__}")
+        values = dict(data)
+        head = {key: values.pop(key, None) for key in _SECTION_KEYS}
+        hints = _model_fields()
+        for key, value in values.items():
+            if key in hints:  # unknown keys: the constructor names them
+                values[key] = convert_value(value, hints[key], f"{path}.{key}")
+        return cls(**head, **values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ModelSection) and self.to_plain() == other.to_plain()
+
+    def __repr__(self) -> str:
+        return f"ModelSection({', '.join(f'{k}={v!r}' for k, v in self.to_plain().items())})"
+
+
+def build_model_config(section: ModelSection, *, vocab_size: int | None = None) -> TransformerConfig:
     """The model config a ``ModelSection`` describes; ``vocab_size`` fills in when the section has none."""
-    values = {k: v for k, v in dataclasses.asdict(section).items() if v is not None and k not in ("preset", "family")}
-    if vocab_size is not None and "vocab_size" not in values:
-        values["vocab_size"] = vocab_size
-    if section.preset is not None:
-        return preset(section.preset, **values)
-    if section.family is not None:
-        return config_from_dict({"family": section.family, **values})
-    raise ValueError("model.preset or model.family is required (e.g. model.preset=tiny-decoder-only)")
+    return section.build(vocab_size=vocab_size)
 
 
 @dataclass(kw_only=True)
@@ -118,7 +156,7 @@ class LoopSection:
     nonfinite: str = "raise"  # raise (stop before the optimizer step) | skip (drop the step)
     progress: bool = True  # a tqdm progress bar on rank 0
     tensorboard: bool = True  # also write TensorBoard events when the package is installed
-    retention: RetentionConfig = field(default_factory=lambda: RetentionConfig(keep_last=3, metric="val_loss", mode="min"))
+    retention: RetentionConfig = field(default_factory=RetentionConfig)  # the last 3 and the best by val_loss
     parallel: str = "ddp"  # under torchrun: ddp (replicate) | fsdp (shard each block, fully_shard; DCP checkpoints)
     cpu_offload: bool = False  # fsdp: keep the sharded parameters and optimizer state in CPU memory
     activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
@@ -151,7 +189,7 @@ class TrainConfig:
     """A whole training run; ``run_dir`` receives checkpoints, metrics and logs."""
 
     run_dir: str = "runs/default"
-    model: ModelSection = field(default_factory=lambda: ModelSection(preset="tiny-decoder-only"))  # type: ignore[call-arg]
+    model: ModelSection = field(default_factory=lambda: ModelSection(preset="tiny-decoder-only"))
     data: DataSection = field(default_factory=DataSection)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

@@ -43,7 +43,7 @@ def test_higher_is_better(tmp_path: Path) -> None:
 
 
 def test_without_metric_keeps_only_the_last(tmp_path: Path) -> None:
-    _run(tmp_path, [3.0, 2.0, 1.0], RetentionConfig(keep_last=1))
+    _run(tmp_path, [3.0, 2.0, 1.0], RetentionConfig(keep_last=1, metric=None))
     assert _names(tmp_path) == ["step-000003"]
     assert best_checkpoint(tmp_path, metric="bleu", mode="max") is None
 
@@ -54,20 +54,20 @@ def test_newest_that_is_also_best_is_kept_once(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_newest_stops_rotation(tmp_path: Path) -> None:
-    _run(tmp_path, [3.0, 2.0], RetentionConfig(keep_last=5))
+    _run(tmp_path, [3.0, 2.0], RetentionConfig(keep_last=5, metric=None))
     newest = tmp_path / "step-000002"
     (newest / "model.safetensors").write_bytes((newest / "model.safetensors").read_bytes()[:-4])
     with pytest.warns(CorruptCheckpointWarning, match=rf"not rotating checkpoints in {tmp_path}: newest is corrupt: .*{newest}/model.safetensors"):
-        assert rotate_checkpoints(tmp_path, RetentionConfig(keep_last=1)) == []
+        assert rotate_checkpoints(tmp_path, RetentionConfig(keep_last=1, metric=None)) == []
     assert _names(tmp_path) == ["step-000001", "step-000002"]
 
 
 def test_leftovers_of_interrupted_saves_are_removed(tmp_path: Path) -> None:
-    _run(tmp_path, [1.0], RetentionConfig(keep_last=1))
+    _run(tmp_path, [1.0], RetentionConfig(keep_last=1, metric=None))
     (tmp_path / ".tmp-step-000002-1-abcd").mkdir()
     (tmp_path / ".tmp-step-000002-1-abcd" / "model.safetensors").write_bytes(b"partial")
     (tmp_path / "notes").mkdir()
-    assert rotate_checkpoints(tmp_path, RetentionConfig(keep_last=1)) == []
+    assert rotate_checkpoints(tmp_path, RetentionConfig(keep_last=1, metric=None)) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step-000001"]
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from aiayn.nn.masks import attention_mask, causal_mask, padding_mask_from_ids, padding_mask_from_lengths
+from aiayn.nn.masks import attention_mask, causal_mask, padding_mask_from_lengths
 
 
 def test_padding_from_lengths():
@@ -18,10 +18,6 @@ def test_padding_from_lengths_errors():
         padding_mask_from_lengths(torch.tensor([-1]), 2)
     with pytest.raises(TypeError, match="integer tensor"):
         padding_mask_from_lengths(torch.tensor([1.0]), 2)
-
-
-def test_padding_from_ids():
-    assert padding_mask_from_ids(torch.tensor([[5, 6, 0, 0]]), pad_id=0).tolist() == [[True, True, False, False]]
 
 
 def test_causal_square_is_lower_triangular():
