@@ -244,10 +244,14 @@ def _extra_files(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, Cal
 # --------------------------------------------------------------------------- loading
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Verify and read one checkpoint directory; ``CorruptCheckpointError`` names a bad file."""
+def load_checkpoint(path: str | os.PathLike[str], *, verified: bool = False) -> Checkpoint:
+    """Verify and read one checkpoint directory; ``CorruptCheckpointError`` names a bad file.
+
+    ``verified``: the caller has just verified it (:func:`latest_checkpoint`, :func:`resolve_checkpoint`),
+    so the files are not hashed a second time (sizes and formats are still checked).
+    """
     path = Path(path)
-    marker = verify_checkpoint(path)
+    marker = verify_checkpoint(path, check_hashes=not verified)
     names = set(marker["files"])
     model_state, _ = read_safetensors(path / MODEL_FILE)
     config = read_json(path / CONFIG_FILE)

@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_checkpoint
+from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_model_for
 from aiayn.decoding.encoder_only import encode_masked_text, fill_mask
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.special import MASK
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     check_at_least("fill-mask", args, "top_k", 1)
     if MASK not in args.text:
         raise SystemExit(f"aiayn fill-mask: TEXT must contain {MASK}, got {args.text!r}")
-    loaded, tokenizer, _ = load_checkpoint("fill-mask", args, EncoderOnly, "an encoder-only model")
+    loaded, tokenizer, _ = load_model_for("fill-mask", args, EncoderOnly, "an encoder-only model")
     ids = encode_masked_text(tokenizer, args.text)
     batch = torch.tensor([ids], device=args.device)
     try:

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_range, load_checkpoint
+from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_range, load_model_for
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.decoding.streaming import stream_text
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     check_range("generate", args, "repetition_penalty", 0.0, float("inf"), "> 0 (1 = off)")
     if any(not stop for stop in args.stop):
         raise SystemExit("aiayn generate: --stop must not be empty, got ''")
-    loaded, tokenizer, _ = load_checkpoint("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
+    loaded, tokenizer, _ = load_model_for("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, greedy=args.greedy,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from aiayn.training.config import TrainConfig
 
 __all__ = [
-    "add_checkpoint_arguments", "load_checkpoint", "load_ensemble", "check_ensemble", "read_texts",
+    "add_checkpoint_arguments", "load_model_for", "load_ensemble", "check_ensemble", "read_texts",
     "check_at_least", "check_range", "batches", "saved_train_config",
 ]
 
@@ -33,7 +33,7 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool 
     parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
 
 
-def load_checkpoint(
+def load_model_for(
     command: str, args: argparse.Namespace, family: type[nn.Module], needs: str, path: str | None = None
 ) -> tuple[Pretrained, Tokenizer, Tokenizer]:
     """Load ``--checkpoint`` (or ``path``); exit with a message naming it unless it holds a ``family``
@@ -52,8 +52,8 @@ def load_checkpoint(
 
 
 def load_ensemble(command: str, args: argparse.Namespace, family: type[nn.Module], needs: str) -> list[Pretrained]:
-    """Load every ``--checkpoint`` (see :func:`load_checkpoint`); they must share their tokenizers."""
-    members = [load_checkpoint(command, args, family, needs, path)[0] for path in args.checkpoint]
+    """Load every ``--checkpoint`` (see :func:`load_model_for`); they must share their tokenizers."""
+    members = [load_model_for(command, args, family, needs, path)[0] for path in args.checkpoint]
     check_ensemble(members)
     return members
 

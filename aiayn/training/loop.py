@@ -43,7 +43,7 @@ from aiayn.training.distributed import DistInfo, all_gather_objects, any_rank, i
 from aiayn.training.evaluate import validate
 from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective
-from aiayn.training.optim import build_optimizer_from_config, build_scheduler
+from aiayn.training.optim import build_optimizer, build_scheduler
 from aiayn.training.progress import progress_bar
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
 from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
@@ -130,7 +130,7 @@ def _train(
     _check_lengths(config, model_config)
     model = model_class(model_config)(model_config).to(device)
     check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
-    optimizer = build_optimizer_from_config(model, config.optim)
+    optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
     if checkpoint is not None:
@@ -280,8 +280,8 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
             if resume is True:
                 raise FileNotFoundError(f"nothing to resume: no complete checkpoint in {run_dir}")
             return None
-        return load_checkpoint(latest_checkpoint(run_dir))
-    return load_checkpoint(resolve_checkpoint(resume))
+        return load_checkpoint(latest_checkpoint(run_dir), verified=True)  # each verifies (hashes) once
+    return load_checkpoint(resolve_checkpoint(resume), verified=True)
 
 
 def _init_dir(path: str) -> Path:
