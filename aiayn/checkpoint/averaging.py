@@ -39,10 +39,11 @@ __all__ = ["average_checkpoints", "average_last"]
 _TOKENIZER_FILES = frozenset(f"{prefix}{name}" for prefix in ("", "src_", "tgt_") for name in (BPE_FILE, CHAR_FILE))
 
 
-def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Tensor]:
+def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *, verified: bool = False) -> dict[str, Tensor]:
     """Average the model weights of checkpoint directories or ``.safetensors`` files, in order.
 
-    Raises ``ValueError`` for an empty list and, naming the file, when names, shapes or dtypes differ
+    Checkpoint directories are verified against their marker, without re-hashing when ``verified``
+    (the caller has just checked them, as :func:`average_last` does). Raises ``ValueError`` for an empty list and, naming the file, when names, shapes or dtypes differ
     from the first one.
     """
     if not paths:
@@ -52,7 +53,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Te
     first_source = ""
     last: dict[str, Tensor] = {}
     for p in paths:
-        source, state = _read_model(Path(p))
+        source, state = _read_model(Path(p), verified)
         if not first:
             first, first_source = state, source
         else:
@@ -77,9 +78,9 @@ def _canonical_names(state: dict[str, Tensor]) -> dict[str, str]:
     return {name: first_name.setdefault(id(t), name) for name, t in state.items()}
 
 
-def _read_model(path: Path) -> tuple[str, dict[str, Tensor]]:
+def _read_model(path: Path, verified: bool) -> tuple[str, dict[str, Tensor]]:
     if path.is_dir():
-        if verify_checkpoint(path).get("sharded"):  # train.parallel=fsdp: DCP shards, read whole
+        if verify_checkpoint(path, check_hashes=not verified).get("sharded"):  # train.parallel=fsdp: DCP shards, read whole
             from aiayn.checkpoint.sharded import read_sharded_weights
 
             return str(path), read_sharded_weights(path)
@@ -142,7 +143,7 @@ def average_last(run_dir: str | os.PathLike[str], n: int, out_dir: str | os.Path
                 f"cannot average checkpoints with different configs: {path / CONFIG_FILE} vs {chosen[-1] / CONFIG_FILE}"
             )
     extras = _extra_files(chosen, markers[::-1])
-    state = average_checkpoints(chosen)
+    state = average_checkpoints(chosen, verified=True)  # hashed once, above
     check_finite(state)
     config_bytes = (chosen[-1] / CONFIG_FILE).read_bytes()
     files = [(MODEL_FILE, lambda: state_dict_to_bytes(state)), (CONFIG_FILE, lambda: config_bytes)]

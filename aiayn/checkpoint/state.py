@@ -248,10 +248,14 @@ def _extra_files(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, Cal
 # --------------------------------------------------------------------------- loading
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
-    """Verify and read one checkpoint directory; ``CorruptCheckpointError`` names a bad file."""
+def load_checkpoint(path: str | os.PathLike[str], *, verified: bool = False) -> Checkpoint:
+    """Verify and read one checkpoint directory; ``CorruptCheckpointError`` names a bad file.
+
+    ``verified``: the caller has just verified it (:func:`latest_checkpoint`, :func:`resolve_checkpoint`),
+    so the files are not hashed a second time (sizes and formats are still checked).
+    """
     path = Path(path)
-    marker = verify_checkpoint(path)
+    marker = verify_checkpoint(path, check_hashes=not verified)
     if marker.get("sharded"):
         raise ValueError(
             f"{path} is a sharded (DCP) checkpoint written with train.parallel=fsdp: resume it with "

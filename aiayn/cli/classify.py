@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_checkpoint, read_texts, saved_train_config
+from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_least, load_model_for, read_texts, saved_train_config
 from aiayn.decoding.text import classify_texts
 from aiayn.models.encoder_only import EncoderOnly
 
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_at_least("classify", args, "batch_size", 1)
-    loaded, tokenizer, _ = load_checkpoint("classify", args, EncoderOnly, "an encoder-only model")
+    loaded, tokenizer, _ = load_model_for("classify", args, EncoderOnly, "an encoder-only model")
     trained = saved_train_config(loaded.path)
     if trained is not None and trained.data.task == "mlm":
         raise SystemExit(f"aiayn classify: --checkpoint {args.checkpoint} was trained only as a masked LM: its classifier head "

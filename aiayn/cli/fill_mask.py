@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_checkpoint
+from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_model_for
 from aiayn.decoding.text import fill_mask_text
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.special import MASK, special_ids
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_at_least("fill-mask", args, "top_k", 1)
-    loaded, tokenizer, _ = load_checkpoint("fill-mask", args, EncoderOnly, "an encoder-only model")
+    loaded, tokenizer, _ = load_model_for("fill-mask", args, EncoderOnly, "an encoder-only model")
     mask_id = special_ids(tokenizer).mask
     own = tokenizer.id_to_token(mask_id) if mask_id is not None else None
     if own is None:

@@ -8,7 +8,7 @@ import sys
 import torch
 
 from aiayn.cli.args import finite_float
-from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_compile, check_range, load_checkpoint
+from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, check_compile, check_range, load_model_for
 from aiayn.decoding.static import StaticCausalLMDecoder
 from aiayn.decoding.streaming import stream_text
 from aiayn.decoding.text import generation_config, prompt_ids
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("aiayn generate: --stop must not be empty, got ''")
     if args.compile:
         check_compile("generate")
-    loaded, tokenizer, _ = load_checkpoint("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
+    loaded, tokenizer, _ = load_model_for("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
     config = generation_config(  # EOS and pad: the tokenizer's own (GPT-2: <|endoftext|>)
         tokenizer, max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, greedy=args.greedy,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,

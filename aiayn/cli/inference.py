@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from aiayn.training.config import TrainConfig
 
 __all__ = [
-    "add_checkpoint_arguments", "load_checkpoint", "load_ensemble", "check_ensemble", "read_texts",
+    "add_checkpoint_arguments", "load_model_for", "load_ensemble", "check_ensemble", "read_texts",
     "check_at_least", "check_range", "batches", "saved_train_config", "add_precision_arguments", "precision_options",
     "check_compile",
 ]
@@ -71,7 +71,7 @@ def check_compile(command: str) -> None:
         ) from None
 
 
-def load_checkpoint(
+def load_model_for(
     command: str, args: argparse.Namespace, family: type[nn.Module], needs: str, path: str | None = None
 ) -> tuple[Pretrained, Tokenizer, Tokenizer]:
     """Load ``--checkpoint`` (or ``path``); exit with a message naming it unless it holds a ``family``
@@ -90,8 +90,8 @@ def load_checkpoint(
 
 
 def load_ensemble(command: str, args: argparse.Namespace, family: type[nn.Module], needs: str) -> list[Pretrained]:
-    """Load every ``--checkpoint`` (see :func:`load_checkpoint`); they must share their tokenizers."""
-    members = [load_checkpoint(command, args, family, needs, path)[0] for path in args.checkpoint]
+    """Load every ``--checkpoint`` (see :func:`load_model_for`); they must share their tokenizers."""
+    members = [load_model_for(command, args, family, needs, path)[0] for path in args.checkpoint]
     check_ensemble(members)
     return members
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from aiayn.decoding.protocol import Decoder, DecodeState
 
-__all__ = ["EnsembleDecoder", "EnsembleState", "ensemble", "mean_log_probs"]
+__all__ = ["EnsembleDecoder", "EnsembleState", "ensemble", "mean_log_probs", "mean_logits"]
 
 
 def mean_log_probs(logits: Sequence[Tensor]) -> Tensor:
@@ -28,6 +28,17 @@ def mean_log_probs(logits: Sequence[Tensor]) -> Tensor:
         return logits[0].float().log_softmax(dim=-1)  # one member: no stack, no logsumexp
     stacked = torch.stack([x.float().log_softmax(dim=-1) for x in logits])
     return torch.logsumexp(stacked, dim=0) - math.log(len(logits))
+
+
+def mean_logits(logits: Sequence[Tensor]) -> Tensor:
+    """Logits of the members' averaged distribution: ``mean_log_probs`` shifted, per row, by the mean of
+    the members' ``logsumexp``, so that copies of one model give that model's own logits. The shift
+    changes no probability, but logit processors (the CTRL repetition penalty) read the logits' signs,
+    which log-probabilities (all <= 0) would all flip."""
+    if len(logits) == 1:
+        return logits[0]
+    shift = torch.stack([x.float().logsumexp(dim=-1, keepdim=True) for x in logits]).mean(dim=0)
+    return mean_log_probs(logits) + shift
 
 
 class EnsembleState:
@@ -75,10 +86,10 @@ class EnsembleDecoder:
 
     def start(self, ids: Tensor, mask: Tensor | None = None, *, max_new_tokens: int | None = None) -> tuple[EnsembleState, Tensor]:
         started = [m.start(ids, mask, max_new_tokens=max_new_tokens) for m in self.members]
-        return EnsembleState([s for s, _ in started]), mean_log_probs([logits for _, logits in started])
+        return EnsembleState([s for s, _ in started]), mean_logits([logits for _, logits in started])
 
     def step(self, tokens: Tensor, state: EnsembleState) -> Tensor:  # type: ignore[override]
-        return mean_log_probs([m.step(tokens, s) for m, s in zip(self.members, state.members)])
+        return mean_logits([m.step(tokens, s) for m, s in zip(self.members, state.members)])
 
     def reorder(self, state: EnsembleState, index: Tensor) -> None:  # type: ignore[override]
         for member, s in zip(self.members, state.members):

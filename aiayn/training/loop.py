@@ -48,7 +48,7 @@ from aiayn.training.evaluate import validate
 from aiayn.training.fsdp import check_under_torchrun, shard_model
 from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective
-from aiayn.training.optim import build_optimizer_from_config, build_scheduler
+from aiayn.training.optim import build_optimizer, build_scheduler
 from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
 from aiayn.training.progress import progress_bar
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
@@ -165,7 +165,7 @@ def _train(
         apply_activation_checkpointing(model)
     if fsdp:
         shard_model(model, bf16=loop.precision == "bf16", cpu_offload=loop.cpu_offload)
-    optimizer = build_optimizer_from_config(model, config.optim)
+    optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
     scaler = torch.amp.GradScaler(device.type, enabled=loop.precision == "fp16")  # fp16: skip overflows, adapt the scale
@@ -330,7 +330,9 @@ class _Saver:
 
 def _resume_point(run_dir: Path, resume: bool | str, *, sharded: bool = False) -> Checkpoint | None:
     """The checkpoint to continue from, or None to start fresh; ``sharded``: a DCP one (train.parallel=fsdp)."""
-    load = read_sharded_checkpoint if sharded else load_checkpoint
+    def load(path: Path) -> Checkpoint:  # each checkpoint is verified (hashed) once, by the finder
+        return read_sharded_checkpoint(path) if sharded else load_checkpoint(path, verified=True)
+
     if resume is False:
         if list_checkpoints(run_dir):
             raise ValueError(f"{run_dir} already holds checkpoints: resume (the default) or choose another run_dir")

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["TokenLoss", "label_smoothed_cross_entropy", "masked_lm_loss", "classification_loss"]
+from aiayn.data.batch import IGNORE_INDEX  # the one definition, beside the batches that carry it
 
-IGNORE_INDEX = -100  # the masked-LM convention (and torch's default): labels at unmasked positions
+__all__ = ["TokenLoss", "label_smoothed_cross_entropy", "masked_lm_loss", "classification_loss", "IGNORE_INDEX"]
 
 
 class TokenLoss(NamedTuple):
@@ -42,12 +42,12 @@ def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, *, pad_id: int
 
 
 def masked_lm_loss(logits: Tensor, labels: Tensor, *, smoothing: float = 0.0) -> TokenLoss:
-    """Masked-LM loss of ``(B, T, V)`` logits; ``(B, T)`` labels are -100 where nothing is predicted."""
+    """Masked-LM loss of ``(B, T, V)`` logits; ``(B, T)`` labels are ``IGNORE_INDEX`` where nothing is predicted."""
     return _token_cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, smoothing=smoothing)
 
 
 def classification_loss(logits: Tensor, labels: Tensor, *, smoothing: float = 0.0) -> TokenLoss:
-    """Cross-entropy of ``(B, C)`` logits against ``(B,)`` labels (-100 skips an example)."""
+    """Cross-entropy of ``(B, C)`` logits against ``(B,)`` labels (``IGNORE_INDEX`` skips an example)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape (B, C), got shape {tuple(logits.shape)}")
     if labels.shape != logits.shape[:1]:

@@ -1,4 +1,5 @@
-"""One module per training objective, so that DDP and ``torch.compile`` wrap a single ``forward(batch)``."""
+"""The training objective: one module whose ``forward(batch)`` picks the loss by the batch's type, so that
+DDP and ``torch.compile`` wrap a single forward for every task."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class Objective(nn.Module):
             return label_smoothed_cross_entropy(logits, targets, pad_id=IGNORE_INDEX, smoothing=eps)
         if isinstance(batch, LMBatch):
             logits = self.model(batch.input)  # (B, T, V); windows have no padding
-            return label_smoothed_cross_entropy(logits, batch.target, pad_id=-100, smoothing=eps)
+            return label_smoothed_cross_entropy(logits, batch.target, pad_id=IGNORE_INDEX, smoothing=eps)
         if isinstance(batch, MLMBatch):
             hidden = self.model(batch.input, batch.pad_mask, batch.segment_ids)  # (B, T, D)
             # Vocabulary logits only where a token is predicted (~15%): the projection is most of the work.

@@ -33,7 +33,6 @@ __all__ = [
     "lr_multiplier",
     "weight_decay_split",
     "build_optimizer",
-    "build_optimizer_from_config",
     "build_scheduler",
 ]
 
@@ -232,54 +231,32 @@ def weight_decay_split(
 
 
 def build_optimizer(
-    model: nn.Module,
-    *,
-    name: Literal["adam", "adamw"],
-    lr: float,
-    betas: tuple[float, float] = (0.9, 0.98),
-    eps: float = 1e-9,
-    weight_decay: float = 0.0,
-    no_decay_modules: tuple[type[nn.Module], ...] = NO_DECAY_MODULES,
+    model: nn.Module, cfg: OptimConfig, *, no_decay_modules: tuple[type[nn.Module], ...] = NO_DECAY_MODULES
 ) -> torch.optim.Optimizer:
-    """Adam or AdamW over ``model``'s trainable parameters, in two groups (decayed, not decayed).
+    """Adam or AdamW (``cfg``) over ``model``'s trainable parameters, in two groups (decayed, not decayed);
+    ``cfg.name="muon"``: Muon for the blocks' matrices and AdamW for the rest (``MuonWithAdamW``).
 
     Parameters are passed with their names (saved in the state_dict as ``param_names``). The fused
     kernel is used when torch has one for every parameter's device (CPU included); otherwise torch's
-    default (foreach on CUDA). Raises ``ValueError`` for a bad setting (see ``OptimConfig``) or a
-    model without trainable parameters.
+    default (foreach on CUDA). Raises ``TypeError`` unless ``cfg`` is an ``OptimConfig`` (validated
+    when built), ``ValueError`` for a model without trainable parameters.
     """
-    OptimConfig(name=name, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)  # type: ignore[arg-type]
-    if name not in ("adam", "adamw"):
-        raise ValueError(f"name must be adam or adamw here, got {name!r} (muon: build_optimizer_from_config)")
+    if not isinstance(cfg, OptimConfig):
+        raise TypeError(f"cfg must be an OptimConfig, got {type(cfg).__name__}")
+    if cfg.name == "muon":
+        return _build_muon(model, cfg, no_decay_modules)
     params = dict(model.named_parameters())
     decay, no_decay = weight_decay_split(model, no_decay_modules)
     if not decay and not no_decay:
         raise ValueError(f"model {type(model).__name__} has no trainable parameters")
     groups = [
         {"params": [(n, params[n]) for n in names], "weight_decay": wd}
-        for names, wd in ((decay, weight_decay), (no_decay, 0.0))
+        for names, wd in ((decay, cfg.weight_decay), (no_decay, 0.0))
         if names
     ]
     fused = _fused_available(params[n] for n in decay + no_decay)
-    optimizer_class = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-    return optimizer_class(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True if fused else None)
-
-
-def build_optimizer_from_config(
-    model: nn.Module, cfg: OptimConfig, no_decay_modules: tuple[type[nn.Module], ...] = NO_DECAY_MODULES
-) -> torch.optim.Optimizer:
-    """``build_optimizer`` with the settings of ``cfg`` (``muon``: ``MuonWithAdamW``)."""
-    if cfg.name == "muon":
-        return _build_muon(model, cfg, no_decay_modules)
-    return build_optimizer(
-        model,
-        name=cfg.name,
-        lr=cfg.lr,
-        betas=cfg.betas,
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        no_decay_modules=no_decay_modules,
-    )
+    optimizer_class = torch.optim.Adam if cfg.name == "adam" else torch.optim.AdamW
+    return optimizer_class(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=True if fused else None)
 
 
 def _build_muon(model: nn.Module, cfg: OptimConfig, no_decay_modules: tuple[type[nn.Module], ...]) -> torch.optim.Optimizer:

@@ -139,3 +139,34 @@ def test_a_model_field_missing_from_an_older_checkpoint_counts_as_its_default(tm
     save_checkpoint(tmp_path / "run", step=3, model=models[1], config={**full, "d_ff": 32}, save_rng=False)
     with pytest.raises(ValueError, match="different configs"):
         average_last(tmp_path / "run", 2, tmp_path / "avg2")
+
+
+def _count_hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from aiayn.checkpoint import directory
+
+    hashed: list[str] = []
+    real = directory._sha256
+
+    def counting(file: Path) -> str:
+        hashed.append(f"{file.parent.name}/{file.name}")
+        return real(file)
+
+    monkeypatch.setattr(directory, "_sha256", counting)
+    return hashed
+
+
+def test_each_checkpoint_is_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """average_last verified, then averaged (verifying again): every file hashed twice. Now once; and
+    resuming (latest_checkpoint, then load_checkpoint) hashes the newest checkpoint once."""
+    from aiayn.checkpoint.state import latest_checkpoint
+
+    _save_all(tmp_path / "run", _models(3))
+    hashed = _count_hashes(monkeypatch)
+    average_last(tmp_path / "run", 2, tmp_path / "avg")
+    assert sorted(hashed) == sorted(set(hashed)) and "step-000002/model.safetensors" in hashed
+    hashed.clear()
+    load_checkpoint(latest_checkpoint(tmp_path / "run"), verified=True)
+    assert sorted(hashed) == sorted(set(hashed)) and "step-000003/model.safetensors" in hashed
+    hashed.clear()
+    load_checkpoint(tmp_path / "run" / "step-000001")  # a checkpoint nobody verified is hashed
+    assert "step-000001/model.safetensors" in hashed

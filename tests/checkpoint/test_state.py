@@ -32,7 +32,7 @@ from aiayn.checkpoint.state import (
     verify_checkpoint,
 )
 from aiayn.training.losses import label_smoothed_cross_entropy
-from aiayn.training.optim import ScheduleConfig, build_optimizer, build_scheduler
+from aiayn.training.optim import OptimConfig, ScheduleConfig, build_optimizer, build_scheduler
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class TinyConfig:
 def _setup(seed: int) -> tuple[TinyModel, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     torch.manual_seed(seed)
     model = TinyModel()
-    opt = build_optimizer(model, name="adamw", lr=1e-2, weight_decay=0.1)
+    opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-2, weight_decay=0.1))
     return model, opt, build_scheduler(opt, ScheduleConfig(name="cosine", warmup=2, max_steps=20))
 
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load, save
 from training_helpers import TinyModel, assert_same
 
-from aiayn.training.optim import build_optimizer
+from aiayn.training.optim import OptimConfig, build_optimizer
 from aiayn.checkpoint.tensor_tree import flatten_tree, unflatten_tree
 
 
@@ -21,7 +21,7 @@ def _through_disk_formats(tree: object) -> object:
 
 def test_optimizer_state_round_trips_exactly() -> None:
     model = TinyModel()
-    opt = build_optimizer(model, name="adamw", lr=1e-3, weight_decay=0.1)
+    opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3, weight_decay=0.1))
     for _ in range(2):
         opt.zero_grad()
         model(torch.randint(0, 11, (2, 3))).sum().backward()

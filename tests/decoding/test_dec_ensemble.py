@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from aiayn.decoding import BeamConfig, Seq2SeqDecoder, CausalLMDecoder, beam_search, greedy, left_pad, right_pad
-from aiayn.decoding.ensemble import EnsembleDecoder, mean_log_probs
+from aiayn.decoding import BeamConfig, CausalLMDecoder, GenerationConfig, Seq2SeqDecoder, beam_search, generate, greedy, left_pad, right_pad
+from aiayn.decoding.ensemble import EnsembleDecoder, mean_log_probs, mean_logits
 from aiayn.tokenization.special import EOS_ID as EOS
 
 from decoding_helpers import A, B, TableDecoder, enc_dec, gpt, random_rows
@@ -70,3 +70,25 @@ def test_members_must_share_a_vocabulary():
         EnsembleDecoder([TableDecoder({}), Other({})])
     with pytest.raises(ValueError, match="at least one member"):
         EnsembleDecoder([])
+
+
+def test_mean_logits_are_the_model_logits_for_copies_and_give_the_mean_distribution():
+    x, y = torch.randn(3, 7, dtype=torch.float64) * 3, torch.randn(3, 7, dtype=torch.float64)
+    torch.testing.assert_close(mean_logits([x, x]).double(), x, atol=1e-5, rtol=0)
+    torch.testing.assert_close(mean_logits([x, y]).double().log_softmax(-1), mean_log_probs([x, y]).double(), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["encoder-decoder", "decoder-only"])
+def test_two_copies_of_a_model_decode_as_the_model_with_a_repetition_penalty(family):
+    """The protocol promises logits: with log-probabilities (all negative) the CTRL penalty multiplied
+    every repeated token's score, so an ensemble of two copies decoded differently from the model."""
+    if family == "encoder-decoder":
+        model, (ids, mask), member = enc_dec(), right_pad(random_rows([5, 3, 6])), Seq2SeqDecoder
+    else:
+        model, (ids, mask), member = gpt(), left_pad(random_rows([5, 3, 6])), CausalLMDecoder
+    config = GenerationConfig(greedy=True, max_new_tokens=12, repetition_penalty=3.0, eos_id=None)
+    alone = generate(member(model), ids, mask, config).tokens
+    pair = generate(EnsembleDecoder([member(model), member(model)]), ids, mask, config).tokens
+    assert torch.equal(pair, alone)
+    plain = generate(member(model), ids, mask, GenerationConfig(greedy=True, max_new_tokens=12, eos_id=None)).tokens
+    assert not torch.equal(plain, alone)  # the penalty does change the output: the test can fail

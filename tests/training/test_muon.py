@@ -12,7 +12,7 @@ from aiayn.models.presets import model_class, preset
 from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
 from aiayn.training.muon import MuonWithAdamW, muon_split
-from aiayn.training.optim import OptimConfig, build_optimizer_from_config
+from aiayn.training.optim import OptimConfig, build_optimizer
 from loop_fixtures import lm_config
 
 MUON = OptimConfig(name="muon", lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0, muon_lr=0.02)
@@ -29,7 +29,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     params = dict(model.named_parameters())
     assert muon and all(params[n].ndim == 2 and n.startswith("decoder.layers.") for n in muon)
     assert "embed.weight" in rest and all(params[n].ndim < 2 for n in rest if n != "embed.weight")
-    optimizer = build_optimizer_from_config(model, MUON)
+    optimizer = build_optimizer(model, MUON)
     assert isinstance(optimizer.muon, torch.optim.Muon) and isinstance(optimizer.adamw, torch.optim.AdamW)
     groups = optimizer.param_groups
     assert [g["lr"] for g in groups] == [0.02, 3e-3]  # one schedule scales both base rates
@@ -52,7 +52,7 @@ def test_a_muon_run_lowers_the_loss_and_resumes_exactly(tmp_path):
 
 def test_muon_without_any_matrix_is_refused():
     with pytest.raises(ValueError, match="optim.name='muon' needs 2-D weight matrices in Transformer blocks"):
-        build_optimizer_from_config(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)), MUON)
+        build_optimizer(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)), MUON)
     with pytest.raises(ValueError, match="optim.name='muon' needs 2-D weight matrices"):
         MuonWithAdamW([], [], muon_lr=0.02, muon_momentum=0.95, muon_weight_decay=0.0, lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
 

@@ -17,7 +17,6 @@ from aiayn.training.optim import (
     OptimConfig,
     ScheduleConfig,
     build_optimizer,
-    build_optimizer_from_config,
     build_scheduler,
     constant_lr,
     cosine_lr,
@@ -156,7 +155,7 @@ def test_library_embeddings_are_not_decayed() -> None:
 
 def test_build_optimizer_groups_names_and_fused_kernel() -> None:
     model = TinyModel(tied=False)
-    opt = build_optimizer(model, name="adamw", lr=3e-4, weight_decay=0.1)
+    opt = build_optimizer(model, OptimConfig(name="adamw", lr=3e-4, weight_decay=0.1))
     assert type(opt) is torch.optim.AdamW
     decay, no_decay = weight_decay_split(model)
     assert [g["param_names"] for g in opt.param_groups] == [decay, no_decay]
@@ -164,23 +163,23 @@ def test_build_optimizer_groups_names_and_fused_kernel() -> None:
     params = dict(model.named_parameters())
     assert all(p is params[n] for g in opt.param_groups for p, n in zip(g["params"], g["param_names"]))
     assert all(g["fused"] is True and g["betas"] == (0.9, 0.98) and g["eps"] == 1e-9 and g["lr"] == 3e-4 for g in opt.param_groups)
-    opt2 = build_optimizer_from_config(model, OptimConfig(name="adam", lr=1.0))
+    opt2 = build_optimizer(model, OptimConfig(name="adam", lr=1.0))
     assert type(opt2) is torch.optim.Adam and [g["weight_decay"] for g in opt2.param_groups] == [0.0, 0.0]
 
 
 def test_build_optimizer_errors() -> None:
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="model Linear has no trainable parameters"):
-        build_optimizer(frozen, name="adam", lr=1.0)
+        build_optimizer(frozen, OptimConfig(name="adam", lr=1.0))
     with pytest.raises(ValueError, match="name must be one of adam, adamw, got 'sgd'"):
-        build_optimizer(nn.Linear(2, 2), name="sgd", lr=1.0)  # type: ignore[arg-type]
+        build_optimizer(nn.Linear(2, 2), OptimConfig(name="sgd", lr=1.0))  # type: ignore[arg-type]
 
 
 def test_fused_steps_match_plain_torch_with_the_same_groups() -> None:
     torch.manual_seed(0)
     model = TinyModel(tied=False).double()
     reference = copy.deepcopy(model)
-    opt = build_optimizer(model, name="adamw", lr=1e-2, weight_decay=0.5)
+    opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-2, weight_decay=0.5))
     ref_params = dict(reference.named_parameters())
     decay, no_decay = weight_decay_split(reference)
     ref_opt = torch.optim.AdamW(
@@ -202,7 +201,7 @@ def _lrs(opt: torch.optim.Optimizer) -> list[float]:
 
 
 def test_noam_scheduler_gives_the_paper_rate_with_lr_one() -> None:
-    opt = build_optimizer(TinyModel(), name="adam", lr=1.0)
+    opt = build_optimizer(TinyModel(), OptimConfig(name="adam", lr=1.0))
     sched = build_scheduler(opt, ScheduleConfig(name="noam", warmup=4, d_model=16))
     seen = []
     for _ in range(8):
@@ -213,7 +212,7 @@ def test_noam_scheduler_gives_the_paper_rate_with_lr_one() -> None:
 
 
 def test_cosine_scheduler_scales_the_optimizer_lr() -> None:
-    opt = build_optimizer(TinyModel(), name="adamw", lr=6e-4)
+    opt = build_optimizer(TinyModel(), OptimConfig(name="adamw", lr=6e-4))
     sched = build_scheduler(opt, ScheduleConfig(name="cosine", warmup=3, max_steps=10, min_lr_ratio=0.1))
     for step in range(12):
         expected = _nanogpt_get_lr(step, 6e-4, 6e-5, 3, 10)
@@ -224,13 +223,13 @@ def test_cosine_scheduler_scales_the_optimizer_lr() -> None:
 
 def test_scheduler_state_is_json_and_resumes_exactly() -> None:
     cfg = ScheduleConfig(name="cosine", warmup=2, max_steps=20)
-    opt = build_optimizer(TinyModel(), name="adam", lr=1e-3)
+    opt = build_optimizer(TinyModel(), OptimConfig(name="adam", lr=1e-3))
     sched = build_scheduler(opt, cfg)
     for _ in range(5):
         opt.step()
         sched.step()
     state = json.loads(json.dumps(sched.state_dict()))
-    opt2 = build_optimizer(TinyModel(), name="adam", lr=1e-3)
+    opt2 = build_optimizer(TinyModel(), OptimConfig(name="adam", lr=1e-3))
     sched2 = build_scheduler(opt2, cfg)
     opt2.load_state_dict(opt.state_dict())
     sched2.load_state_dict(state)
@@ -243,7 +242,7 @@ def test_scheduler_state_is_json_and_resumes_exactly() -> None:
 
 
 def test_build_scheduler_wants_a_schedule_config() -> None:
-    opt = build_optimizer(TinyModel(), name="adam", lr=1.0)
+    opt = build_optimizer(TinyModel(), OptimConfig(name="adam", lr=1.0))
     with pytest.raises(TypeError, match="cfg must be a ScheduleConfig, got dict"):
         build_scheduler(opt, {"name": "noam"})  # type: ignore[arg-type]
 
