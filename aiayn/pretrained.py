@@ -16,14 +16,14 @@ import torch
 from torch import nn
 
 from aiayn.checkpoint.atomic_io import replace_directory, write_durable
+from aiayn.checkpoint.directory import CONFIG_FILE, MARKER, MODEL_FILE
+from aiayn.checkpoint.state import resolve_checkpoint
+from aiayn.checkpoint.weights import load_state_dict_checked, read_safetensors, state_dict_to_bytes
 from aiayn.models.config import TransformerConfig, config_from_dict
 from aiayn.models.presets import model_class
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
-from aiayn.checkpoint.directory import CONFIG_FILE, MARKER, MODEL_FILE
-from aiayn.checkpoint.state import resolve_checkpoint
-from aiayn.checkpoint.weights import load_state_dict_checked, read_safetensors, state_dict_to_bytes
 
 __all__ = ["Pretrained", "save_pretrained", "load_pretrained", "model_dir", "MODEL_FILE", "CONFIG_FILE"]
 

@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from aiayn.interop.common import Architecture, ConfigError
 from aiayn.interop.hf_dir import read_hf_dir, read_hf_tokenizer, write_hf_dir, write_hf_tokenizer
 from aiayn.interop.keymap import KeyMapError, export_tensors, import_tensors, load_into, tied_keys
-from aiayn.interop.registry import ARCHITECTURES, architecture as lookup_architecture
+from aiayn.interop.registry import ARCHITECTURES
+from aiayn.interop.registry import architecture as lookup_architecture
 from aiayn.models.config import TransformerConfig
 from aiayn.models.presets import model_class
 from aiayn.tokenization.base import Tokenizer

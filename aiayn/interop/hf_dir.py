@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
-from aiayn.tokenization.base import Tokenizer
 from aiayn.checkpoint.directory import CONFIG_FILE, MODEL_FILE
+from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.bpe import BPETokenizer
 from aiayn.tokenization.special import BOS, CLS, EOS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
 
