@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+from aiayn.checkpoint.retention import RetentionConfig
 from aiayn.data import DataError, load_multi30k, resolve_files
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation import evaluate_translation, translate_corpus
@@ -17,7 +18,6 @@ from aiayn.pretrained import Pretrained, load_pretrained
 from aiayn.training.config import DataSection, LoopSection, ModelSection, TrainConfig
 from aiayn.training.loop import train
 from aiayn.training.optim import OptimConfig, ScheduleConfig
-from aiayn.checkpoint.retention import RetentionConfig
 
 __all__ = ["demo_config", "run_demo"]
 
@@ -55,7 +55,8 @@ def run_demo(
         say("Running the copy task instead (no data needed).\n")
         return fallback()
     config = demo_config(run_dir, data_dir=data_dir, minutes=minutes)
-    say(f"training a {config.model.n_encoder_layers}+{config.model.n_decoder_layers}-layer encoder-decoder on Multi30k "
+    layers = config.model.overrides
+    say(f"training a {layers['n_encoder_layers']}+{layers['n_decoder_layers']}-layer encoder-decoder on Multi30k "
         f"German->English for at most {minutes:g} minutes (checkpoints in {run_dir})...")
     result = train(config)
     say(f"trained {result.step} steps; validation loss {result.metrics.get('val_loss', float('nan')):.3f}")

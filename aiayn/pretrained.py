@@ -19,15 +19,9 @@ import torch
 from torch import nn
 
 from aiayn.checkpoint.atomic_io import replace_directory, write_durable
-from aiayn.models.config import TransformerConfig, config_from_dict
-from aiayn.models.meta import meta_state_dict
-from aiayn.models.presets import model_class
-from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.compat import check_tokenizer_fits
-from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.checkpoint.directory import CONFIG_FILE, MARKER, MODEL_FILE
-from aiayn.checkpoint.state import resolve_checkpoint
 from aiayn.checkpoint.safetensors_header import meta_state
+from aiayn.checkpoint.state import resolve_checkpoint
 from aiayn.checkpoint.weights import (
     CorruptCheckpointError,
     check_state_fits,
@@ -37,6 +31,12 @@ from aiayn.checkpoint.weights import (
 )
 from aiayn.inference.precision import cast_model, pack_linears, parse_dtype
 from aiayn.inference.quantization import Int8Linear, check_int8_kernel, parse_quantize, quantize_int8
+from aiayn.models.config import TransformerConfig, config_from_dict
+from aiayn.models.meta import meta_state_dict
+from aiayn.models.presets import model_class
+from aiayn.tokenization.base import Tokenizer
+from aiayn.tokenization.compat import check_tokenizer_fits
+from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 
 __all__ = [
     "Pretrained", "save_pretrained", "load_pretrained", "prepare_for_inference", "model_dir", "label_names",

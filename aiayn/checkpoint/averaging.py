@@ -17,9 +17,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from aiayn.models.config import with_defaults
-from aiayn.tokenization.bpe import BPE_FILE
-from aiayn.tokenization.char import CHAR_FILE
 from aiayn.checkpoint.state import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -31,6 +28,9 @@ from aiayn.checkpoint.state import (
     write_checkpoint_dir,
 )
 from aiayn.checkpoint.weights import check_finite, read_safetensors, read_weights, state_dict_to_bytes
+from aiayn.models.config import with_defaults
+from aiayn.tokenization.bpe import BPE_FILE
+from aiayn.tokenization.char import CHAR_FILE
 
 __all__ = ["average_checkpoints", "average_last"]
 

@@ -31,7 +31,6 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from aiayn.config_io import to_dict
 from aiayn.checkpoint.directory import (
     CONFIG_FILE,
     FORMAT,
@@ -64,6 +63,7 @@ from aiayn.checkpoint.weights import (
     state_dict_to_bytes,
     tensors_to_bytes,
 )
+from aiayn.config_io import to_dict
 
 __all__ = [
     "BestValue",

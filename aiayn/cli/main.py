@@ -10,13 +10,27 @@ import sys
 from typing import Callable
 
 from aiayn import __version__
-from aiayn.cli import bench, copy_task, explain, lab, train, viz
-from aiayn.cli import classify, fill_mask, generate, translate
-from aiayn.cli import convert, demo, evaluate
-from aiayn.cli import average, listing, plot
-from aiayn.cli import serve
-from aiayn.cli import quantize
-from aiayn.cli import consolidate
+from aiayn.cli import (
+    average,
+    bench,
+    classify,
+    consolidate,
+    convert,
+    copy_task,
+    demo,
+    evaluate,
+    explain,
+    fill_mask,
+    generate,
+    lab,
+    listing,
+    plot,
+    quantize,
+    serve,
+    train,
+    translate,
+    viz,
+)
 
 # name -> (help line, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {

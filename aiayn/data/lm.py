@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from aiayn.data.batch import LMBatch
-from aiayn.data.batching import check_seed, EpochSampler
+from aiayn.data.batching import EpochSampler, check_seed
 from aiayn.data.errors import DataError
 from aiayn.tokenization.base import Tokenizer
 

@@ -22,7 +22,8 @@ from aiayn.interop.common import Architecture, ConfigError
 from aiayn.interop.hf_dir import read_hf_dir, write_hf_dir
 from aiayn.interop.hf_tokenizer import check_fits, read_hf_tokenizers, write_tokenizer
 from aiayn.interop.keymap import KeyMapError, export_tensors, import_tensors, load_into, tied_keys
-from aiayn.interop.registry import ARCHITECTURES, architecture as lookup_architecture
+from aiayn.interop.registry import ARCHITECTURES
+from aiayn.interop.registry import architecture as lookup_architecture
 from aiayn.models.config import TransformerConfig
 from aiayn.models.meta import meta_state_dict
 from aiayn.models.presets import model_class

@@ -16,10 +16,10 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
-from aiayn.tokenization.base import Tokenizer
 from aiayn.checkpoint.directory import CONFIG_FILE, MODEL_FILE
 from aiayn.checkpoint.errors import CorruptCheckpointError
 from aiayn.checkpoint.safetensors_header import read_header
+from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.bpe import BPETokenizer
 from aiayn.tokenization.special import BOS, CLS, EOS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
 

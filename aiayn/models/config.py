@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from aiayn.nn.blocks import LayerSpec
 from aiayn.nn.attention import BACKENDS
+from aiayn.nn.blocks import LayerSpec
 from aiayn.nn.feedforward import ACTIVATIONS
 from aiayn.nn.kernels import ATTENTION_KINDS
 from aiayn.nn.norm import NORMS
@@ -141,7 +141,7 @@ class TransformerConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
-    def replace(self, **overrides: Any) -> "TransformerConfig":
+    def replace(self, **overrides: Any) -> TransformerConfig:
         """A copy with some fields changed (validated again); unknown names raise ``ValueError``."""
         _check_keys(type(self), overrides)
         return dataclasses.replace(self, **overrides)

@@ -21,40 +21,40 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from aiayn.config_io import save_yaml
-from aiayn.evaluation.during_training import bleu_eval_hook
-from aiayn.models.config import TransformerConfig, with_defaults
-from aiayn.models.presets import model_class
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
-from aiayn.pretrained import LABELS_FILE
-from aiayn.tokenization.compat import check_tokenizer_fits
-from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
+from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
+from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
+from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
+from aiayn.checkpoint.sharded import load_sharded_state, read_sharded_checkpoint, save_sharded_checkpoint
 from aiayn.checkpoint.state import (
     BestValue,
     Checkpoint,
     RankState,
-    list_checkpoints,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     resolve_checkpoint,
     restore_training_state,
     save_checkpoint,
 )
-from aiayn.checkpoint.sharded import load_sharded_state, read_sharded_checkpoint, save_sharded_checkpoint
+from aiayn.config_io import save_yaml
+from aiayn.evaluation.during_training import bleu_eval_hook
+from aiayn.models.config import TransformerConfig, with_defaults
+from aiayn.models.presets import model_class
+from aiayn.pretrained import LABELS_FILE
+from aiayn.tokenization.compat import check_tokenizer_fits
+from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.training.activation_checkpointing import apply_activation_checkpointing
 from aiayn.training.config import LoopSection, TrainConfig, build_model_config
 from aiayn.training.distributed import DistInfo, all_gather_objects, any_rank, init_distributed, shutdown
 from aiayn.training.evaluate import validate
 from aiayn.training.fsdp import check_under_torchrun, shard_model
+from aiayn.training.init_from import InitSource, check_family, init_model_config, load_init_weights, read_init
 from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective
 from aiayn.training.optim import build_optimizer, build_scheduler
-from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
 from aiayn.training.progress import progress_bar
-from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
-from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
 from aiayn.training.step import StepResult, TrainStep
-from aiayn.training.init_from import InitSource, check_family, init_model_config, load_init_weights, read_init
 from aiayn.training.tasks import TaskData, build_task_data
 
 __all__ = ["train", "TrainResult", "EvalHook"]
@@ -393,9 +393,9 @@ def _model_config(config: TrainConfig, data: TaskData, init: InitSource | None =
             overrides["mlm_head"] = False  # the masked-LM head is not trained by a classifier
         return init_model_config(init, overrides)
     extra: dict[str, Any] = {}
-    if data.src_tokenizer is not data.tgt_tokenizer and section.tgt_vocab_size is None and data.task == "translation":
+    if data.src_tokenizer is not data.tgt_tokenizer and section.overrides.get("tgt_vocab_size") is None and data.task == "translation":
         extra = {"tgt_vocab_size": data.tgt_tokenizer.vocab_size, "share_embeddings": False}
-    if data.task == "classification" and section.n_classes is None:
+    if data.task == "classification" and section.overrides.get("n_classes") is None:
         extra["n_classes"] = data.n_classes
     model_config = build_model_config(section, vocab_size=data.src_tokenizer.vocab_size)
     return model_config.replace(**extra) if extra else model_config
