@@ -80,7 +80,7 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
         names = hf_config.get("architectures") or [None]
         arch = lookup_architecture(architecture or names[0], f"config.json of {source}")
     elif hasattr(source, "config") and hasattr(source.config, "to_dict") and isinstance(source, nn.Module):
-        hf_config = source.config.to_dict()
+        hf_config = source.config.to_dict()  # type: ignore[operator]  # a transformers model: its config is an object, not a Tensor
         tensors = {k: v.detach() for k, v in source.state_dict().items()}
         tokenizer, note = None, "an in-memory model carries no tokenizer"
         arch = lookup_architecture(architecture or type(source).__name__, "in-memory model")
@@ -105,7 +105,7 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
     if dropped:
         log.warning("%s: dropped %d key(s) with no counterpart: %s", arch.name, len(dropped), ", ".join(dropped))
     if tokenizer is not None:
-        check_tokenizer_fits(tokenizer, config.vocab_size)  # type: ignore[attr-defined]
+        check_tokenizer_fits(tokenizer, config.vocab_size)
     elif note:
         log.info("no tokenizer: %s", note)
     return Imported(model, config, arch.name, tokenizer, note, dropped, hf_config)

@@ -84,7 +84,7 @@ class MultiHeadAttention(nn.Module):
         else:
             q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, Dh)
         if memory is not None and cache is not None and cache.filled:
-            k, v = cache.k, cache.v  # cross-attention: the encoder output was projected before
+            k, v = cache.k, cache.v  # type: ignore[assignment]  # cross-attention: the encoder output was projected before (filled)
         else:
             if memory is not None:
                 k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)

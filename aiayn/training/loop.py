@@ -129,7 +129,7 @@ def _train(
     model_config = _model_config(config, data)
     _check_lengths(config, model_config)
     model = model_class(model_config)(model_config).to(device)
-    check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
+    check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
@@ -281,7 +281,7 @@ def _resume_point(run_dir: Path, resume: bool | str) -> Checkpoint | None:
                 raise FileNotFoundError(f"nothing to resume: no complete checkpoint in {run_dir}")
             return None
         return load_checkpoint(latest_checkpoint(run_dir), verified=True)  # each verifies (hashes) once
-    return load_checkpoint(resolve_checkpoint(resume), verified=True)
+    return load_checkpoint(resolve_checkpoint(str(resume)), verified=True)
 
 
 def _init_dir(path: str) -> Path:
