@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test
+.PHONY: setup demo test lint
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,3 +22,8 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# ruff (lint) and mypy on the package, as configured in pyproject.toml.
+lint: setup
+	$(PY) -m ruff check aiayn
+	$(PY) -m mypy

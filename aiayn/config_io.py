@@ -313,7 +313,7 @@ def _field_type(cls: type[Any], name: str, prefix: str) -> Any:
     names = [f.name for f in _init_fields(cls)]
     if name not in names:
         raise ValueError(_unknown_key(name, names, prefix, cls))
-    return _type_hints(cls)[name]
+    return _type_hints(cls)[name]  # type: ignore[arg-type]  # a class is hashable; typeshed cannot tell for type[Any]
 
 
 # --------------------------------------------------------------------------- helpers

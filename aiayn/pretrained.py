@@ -82,8 +82,8 @@ def save_pretrained(
     config: TransformerConfig = model.config  # type: ignore[assignment]
     tgt_tokenizer = tgt_tokenizer if tgt_tokenizer is not None else src_tokenizer
     if src_tokenizer is not None:
-        check_tokenizer_fits(src_tokenizer, config.vocab_size, "vocab_size")  # type: ignore[attr-defined]
-        check_tokenizer_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")  # type: ignore[arg-type,attr-defined]
+        check_tokenizer_fits(src_tokenizer, config.vocab_size, "vocab_size")
+        check_tokenizer_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")  # type: ignore[arg-type]  # not None: defaults to src_tokenizer
     with replace_directory(target) as tmp:
         write_durable(tmp / MODEL_FILE, state_dict_to_bytes(model.state_dict()))
         write_durable(tmp / CONFIG_FILE, (config.to_json() + "\n").encode())

@@ -47,7 +47,7 @@ def capture_rng_state(generators: Mapping[str, Generator] | None = None) -> RngS
         "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
         "numpy": {
             "bit_generator": name,
-            "keys": keys.tolist(),
+            "keys": np.asarray(keys).tolist(),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached_gaussian),

@@ -43,17 +43,18 @@ def run(args: argparse.Namespace) -> int:
     if empty:
         print(f"aiayn translate: warning: input {', '.join(map(str, empty))} is empty; its translation is left empty",
               file=sys.stderr)
+    src_tok, tgt_tok = members[0].src_tokenizer, members[0].tgt_tokenizer
+    assert src_tok is not None and tgt_tok is not None  # load_ensemble checked
     try:
         results = translate_sentences([m.model for m in members], members[0].src_tokenizer, texts, config,  # type: ignore[misc]
                                       tgt_tokenizer=members[0].tgt_tokenizer, batch_size=args.batch_size,
                                       progress=len(texts) > args.batch_size)
     except ValueError as e:
         raise SystemExit(f"aiayn translate: {e}") from None
-    tgt_tok = members[0].tgt_tokenizer
     for index, hypotheses in enumerate(results):
         if args.n_best == 1:
-            print(tgt_tok.decode(hypotheses[0].tokens) if hypotheses else "")  # type: ignore[union-attr]
+            print(tgt_tok.decode(hypotheses[0].tokens) if hypotheses else "")
         else:
             for hyp in hypotheses:
-                print(f"{index}\t{hyp.score:.4f}\t{tgt_tok.decode(hyp.tokens)}")  # type: ignore[union-attr]
+                print(f"{index}\t{hyp.score:.4f}\t{tgt_tok.decode(hyp.tokens)}")
     return 0

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiayn.tokenization.base import Tokenizer
 
 HELP = "draw attention weights (PNG grids or an HTML explorer) or the sinusoidal positional encoding"
 
@@ -78,7 +82,8 @@ def _attention(args: argparse.Namespace) -> int:
         tokenizer = CharTokenizer.train([args.text] + ([args.target] if args.target else []))
         torch.manual_seed(args.seed)
         model = build_model(args.preset, vocab_size=tokenizer.vocab_size)
-        src_tok = tgt_tok = tokenizer
+        src_tok: Tokenizer = tokenizer
+        tgt_tok: Tokenizer | None = tokenizer
         source = f"untrained preset {args.preset} (seed {args.seed}) with a {tokenizer.vocab_size}-symbol character vocabulary"
     else:
         from aiayn.api import load_parts  # ours, or a Hugging Face directory with its own tokenizer

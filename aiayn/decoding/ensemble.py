@@ -88,10 +88,10 @@ class EnsembleDecoder:
         started = [m.start(ids, mask, max_new_tokens=max_new_tokens) for m in self.members]
         return EnsembleState([s for s, _ in started]), mean_logits([logits for _, logits in started])
 
-    def step(self, tokens: Tensor, state: EnsembleState) -> Tensor:  # type: ignore[override]
+    def step(self, tokens: Tensor, state: EnsembleState) -> Tensor:
         return mean_logits([m.step(tokens, s) for m, s in zip(self.members, state.members)])
 
-    def reorder(self, state: EnsembleState, index: Tensor) -> None:  # type: ignore[override]
+    def reorder(self, state: EnsembleState, index: Tensor) -> None:
         for member, s in zip(self.members, state.members):
             member.reorder(s, index)
 

@@ -72,7 +72,7 @@ def generate_steps(
     device = logits.device
     n_generated = torch.zeros(batch, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    texts = _StopStrings(config.stop_strings, detokenize, batch) if config.stop_strings else None
+    texts = _StopStrings(config.stop_strings, detokenize, batch) if config.stop_strings and detokenize else None  # checked above
     limits = set(state.max_new_tokens.tolist())  # the steps where a row reaches its length limit
     for step in range(1, max(limits) + 1):
         tokens = next_token(logits, state, n_generated, config, generator)

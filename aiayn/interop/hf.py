@@ -81,7 +81,7 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
         names = hf_config.get("architectures") or [None]
         arch = lookup_architecture(architecture or names[0], f"config.json of {source}")
     elif hasattr(source, "config") and hasattr(source.config, "to_dict") and isinstance(source, nn.Module):
-        hf_config = source.config.to_dict()
+        hf_config = source.config.to_dict()  # type: ignore[operator]  # a transformers model: its config is an object, not a Tensor
         tensors = {k: v.detach() for k, v in source.state_dict().items()}
         tokenizer, tgt_tokenizer, note = None, None, "an in-memory model carries no tokenizer"
         arch = lookup_architecture(architecture or type(source).__name__, "in-memory model")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -44,7 +45,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
     lengths = (16, 32) if quick else (64, 256, 1024)
     heads = (1, 8)
     torch.manual_seed(seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # steadier timings on a shared machine, and the same for every variant
     try:
@@ -64,7 +65,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
         torch.set_num_threads(threads)
 
     def get(n: int, h: int, backend: str, key: str) -> float:
-        return next(r[key] for r in rows if r["n"] == n and r["heads"] == h and r["backend"] == backend)
+        return next(float(r[key]) for r in rows if r["n"] == n and r["heads"] == h and r["backend"] == backend)
 
     flop_ratios = {n: get(n, 8, "math", "flops") / get(n, 1, "math", "flops") for n in lengths}
     time_ratios = {f"{b}@{n}": get(n, 8, b, "seconds") / get(n, 1, b, "seconds") for n in lengths for b in ("math", "sdpa")}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,12 +63,12 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     try:
         for kind in ("sinusoidal", "learned"):
             torch.manual_seed(seed)
             model = EncoderDecoder(_config(kind, d_model, 2 * length + 1))
-            init_rows = model.tgt_positions.weight.detach()[length + 1 :].clone() if kind == "learned" else None
+            init_rows = model.tgt_positions.weight.detach()[length + 1 :].clone() if kind == "learned" else None  # type: ignore[operator]  # a Module attribute: mypy sees Tensor | Module
             generator = torch.Generator().manual_seed(seed)
             log = train(model, lambda: copy_batch(batch_size, length, VOCAB, generator), steps=steps, lr_at=noam)
             test_l = copy_batch(512, length, VOCAB, torch.Generator().manual_seed(seed + 1))
@@ -75,7 +76,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
             per_position = [token_accuracy(model, test_2l, slice(p, p + 1)) for p in range(2 * length)]
             untouched = None
             if init_rows is not None:
-                untouched = float((model.tgt_positions.weight.detach()[length + 1 :] - init_rows).abs().max())
+                untouched = float((model.tgt_positions.weight.detach()[length + 1 :] - init_rows).abs().max())  # type: ignore[operator]  # as above
             results[kind] = {
                 "final_loss": tail_mean(log.losses),
                 "acc_at_L": token_accuracy(model, test_l, slice(0, length)),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ def _init_grad_norms(model: EncoderDecoder, batch: tuple) -> list[float]:
     loss_sum, count = label_smoothed_cross_entropy(model(src, tgt_in), tgt_out, pad_id=PAD_ID, smoothing=0.0)
     model.zero_grad()
     (loss_sum / count).backward()
-    norms = [float(layer.ffn.w_2.weight.grad.norm()) for layer in model.decoder.layers]  # type: ignore[union-attr]
+    norms = [float(layer.ffn.w_2.weight.grad.norm()) for layer in model.decoder.layers]  # type: ignore[union-attr,operator]  # nn.Module attributes: mypy sees Tensor | Module
     model.zero_grad()
     return norms
 
@@ -65,7 +66,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
     }
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: one thread is as fast, and kind to a shared machine
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     try:
         for name, (norm, schedule) in runs.items():
             torch.manual_seed(seed)

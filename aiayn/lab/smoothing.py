@@ -17,6 +17,7 @@ import math
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,7 +114,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     try:
         for eps in (0.0, 0.1):
             torch.manual_seed(seed)

@@ -68,7 +68,11 @@ def preset(name: str, **overrides: Any) -> TransformerConfig:
 def describe_preset(name: str) -> str:
     """One line: the family and shapes of preset ``name``."""
     c = preset(name)
-    layers = f"{c.n_encoder_layers}+{c.n_decoder_layers}" if isinstance(c, EncoderDecoderConfig) else str(c.n_layers)
+    if isinstance(c, EncoderDecoderConfig):
+        layers = f"{c.n_encoder_layers}+{c.n_decoder_layers}"
+    else:
+        assert isinstance(c, (DecoderOnlyConfig, EncoderOnlyConfig))
+        layers = str(c.n_layers)
     return (f"{c.family}: {layers} layers, d_model {c.d_model}, {c.n_heads} heads, d_ff {c.d_ff}, "
             f"{c.positions} positions, {c.norm_position}-LN, vocab {c.vocab_size}")
 

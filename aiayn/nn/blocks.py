@@ -121,7 +121,7 @@ class TransformerLayer(nn.Module):
             x = self._after(x, attn, self.self_attn_norm)
             if w is not None:
                 weights["self"] = w
-        if self.cross_attn is not None:
+        if self.cross_attn is not None and self.cross_attn_norm is not None:  # built together
             if memory is None:
                 raise ValueError("this layer has cross-attention: memory (the encoder output) is required")
             cross_cache = cache.cross_attn[index] if cache is not None and cache.cross_attn is not None else None

@@ -35,7 +35,7 @@ class LayerCache:
         else:
             if new_len > self.max_len:
                 raise ValueError(f"static cache holds max_len={self.max_len} positions, asked for {new_len}")
-            if self.k is None:
+            if self.k is None or self.v is None:
                 self.k = k.new_empty(k.shape[0], k.shape[1], self.max_len, k.shape[3])
                 self.v = v.new_empty(v.shape[0], v.shape[1], self.max_len, v.shape[3])
             self.k[:, :, self.length : new_len] = k
@@ -49,7 +49,7 @@ class LayerCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search reorders hypotheses every step)."""
-        if self.k is not None:
+        if self.k is not None and self.v is not None:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
 

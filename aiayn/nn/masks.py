@@ -94,7 +94,7 @@ def attention_mask(
     return mask
 
 
-def check_padding_mask(mask: Tensor, name: str, shape: tuple[int, int] | None = None) -> None:
+def check_padding_mask(mask: Tensor, name: str, shape: tuple[int, ...] | None = None) -> None:
     """Raise ``TypeError``/``ValueError`` unless ``mask`` is a ``(B, S)`` bool tensor (of ``shape``)."""
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__

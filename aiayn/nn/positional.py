@@ -82,6 +82,7 @@ class SinusoidalPositions(PositionalEncoding):
     """The paper's fixed sinusoids (section 3.5); grows its table on demand, so any length works."""
 
     kind = "sinusoidal"
+    table: Tensor  # a buffer (L, D)
 
     def __init__(self, d_model: int, max_len: int = 1024) -> None:
         super().__init__()
@@ -140,6 +141,8 @@ class RotaryPositions(PositionalEncoding):
     two halves of the head dimension (the GPT-NeoX / LLaMA layout).
     """
 
+    inv_freq: Tensor  # a buffer (Dh/2,)
+
     kind = "rotary"
 
     def __init__(self, head_dim: int, base: float = 10000.0) -> None:
@@ -169,6 +172,8 @@ class ALiBiPositions(PositionalEncoding):
     Our choice of relative position: no parameters, extrapolates past the training length, and
     works unchanged for bidirectional (encoder) and causal (decoder) attention.
     """
+
+    slopes: Tensor  # a buffer (H,)
 
     kind = "alibi"
 

@@ -10,7 +10,7 @@ import difflib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiayn.checkpoint.retention import RetentionConfig
 from aiayn.config_io import convert_value
@@ -108,11 +108,11 @@ class DataSection:
     direction: str = "de-en"  # multi30k: source-target
     train_files: list[str] = field(default_factory=list)  # dataset=files: [src, tgt] | [text] | [tsv]
     val_files: list[str] = field(default_factory=list)
-    tokenizer: str = "bpe"  # bpe | char
+    tokenizer: Literal["bpe", "char"] = "bpe"
     vocab_size: int = 8000  # BPE vocabulary (ignored by char)
     shared_vocab: bool = True  # one vocabulary for source and target (the paper)
     max_len: int = 256  # longest sequence kept; longer ones are dropped or truncated
-    too_long: str = "drop"  # drop | truncate | error
+    too_long: Literal["drop", "truncate", "error"] = "drop"
     max_tokens: int = 4096  # translation: token budget per batch and side (paper: 25000)
     batch_size: int = 32  # lm: windows per batch; mlm / classification: sentences per batch
     block_size: int = 64  # lm: context length

@@ -345,7 +345,7 @@ def _resume_point(run_dir: Path, resume: bool | str, *, sharded: bool = False) -
                 raise FileNotFoundError(f"nothing to resume: no complete checkpoint in {run_dir}")
             return None
         return load(latest_checkpoint(run_dir))
-    return load(resolve_checkpoint(resume))
+    return load(resolve_checkpoint(str(resume)))
 
 
 def _restore_scaler(scaler: torch.amp.GradScaler, checkpoint: Checkpoint) -> None:

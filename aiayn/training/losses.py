@@ -29,7 +29,7 @@ class TokenLoss(NamedTuple):
     """Summed loss (a 0-dim float tensor) and the number of counted tokens (a 0-dim int64 tensor)."""
 
     sum: Tensor
-    count: Tensor
+    count: Tensor  # type: ignore[assignment]  # shadows tuple.count on purpose: loss.sum / loss.count
 
 
 def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, *, pad_id: int, smoothing: float = 0.1) -> TokenLoss:

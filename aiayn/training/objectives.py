@@ -33,11 +33,11 @@ class Objective(nn.Module):
             hidden = self.model(batch.input, batch.pad_mask, batch.segment_ids)  # (B, T, D)
             # Vocabulary logits only where a token is predicted (~15%): the projection is most of the work.
             predicted = batch.labels != IGNORE_INDEX  # (B, T)
-            logits = self.model.masked_lm_logits(hidden[predicted])  # (N, V)
+            logits = self.model.masked_lm_logits(hidden[predicted])  # type: ignore[operator]  # (N, V); EncoderOnly's head, seen through nn.Module
             return masked_lm_loss(logits[None], batch.labels[predicted][None], smoothing=eps)
         if isinstance(batch, ClassificationBatch):
             hidden = self.model(batch.input, batch.pad_mask)
-            return classification_loss(self.model.classification_logits(hidden, batch.pad_mask), batch.labels, smoothing=eps)
+            return classification_loss(self.model.classification_logits(hidden, batch.pad_mask), batch.labels, smoothing=eps)  # type: ignore[operator]  # as above
         raise TypeError(f"unknown batch type {type(batch).__name__}")
 
 
@@ -50,7 +50,7 @@ def loss_count(batch: TranslationBatch | LMBatch | MLMBatch | ClassificationBatc
 
 def accuracy_counts(model: nn.Module, batch: ClassificationBatch) -> tuple[int, int]:
     """(correct, total) predictions of a classifier on ``batch``."""
-    logits: Tensor = model.classification_logits(model(batch.input, batch.pad_mask), batch.pad_mask)
+    logits: Tensor = model.classification_logits(model(batch.input, batch.pad_mask), batch.pad_mask)  # type: ignore[operator]  # as above
     return int((logits.argmax(-1) == batch.labels).sum()), batch.labels.numel()
 
 

@@ -118,8 +118,8 @@ def build_task_data(
         src_tok, tgt_tok = tokenizers or train_tokenizer_pair(
             data.tokenizer, train_raw.src, train_raw.tgt, _bpe_size(data), shared=data.shared_vocab
         )
-        train_set = TranslationDataset.encode(train_raw, src_tok, tgt_tok, max_len=data.max_len, too_long=data.too_long)
-        val_set = TranslationDataset.encode(val_raw, src_tok, tgt_tok, max_len=data.max_len, too_long=data.too_long)
+        train_set: Any = TranslationDataset.encode(train_raw, src_tok, tgt_tok, max_len=data.max_len, too_long=data.too_long)
+        val_set: Any = TranslationDataset.encode(val_raw, src_tok, tgt_tok, max_len=data.max_len, too_long=data.too_long)
         _report(train_set, "training")
 
         def plan(ds: TranslationDataset, shuffle: bool) -> BatchPlan:
@@ -159,7 +159,7 @@ def build_task_data(
         collate, n_classes = collate_classification, len(train_raw.label_names)
     _report(train_set, "training")
 
-    def sentence_plan(ds: Dataset, shuffle: bool) -> BatchPlan:
+    def sentence_plan(ds: Any, shuffle: bool) -> BatchPlan:  # a SentenceDataset or ClassificationDataset (sized)
         return FixedSizeBatchSampler(len(ds), data.batch_size, shuffle=shuffle, seed=seed)
 
     task_data = _assemble(data, train_set, val_set, sentence_plan, collate, (tok, tok), rank, world_size)

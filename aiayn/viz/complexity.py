@@ -147,7 +147,7 @@ def _profiled_peak(fn: Callable[[], Tensor]) -> int | None:
         out = fn()
         del out
     try:
-        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]  # type: ignore[union-attr]
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
         events.sort(key=lambda e: e.start_ns())
         running = peak = 0
         for e in events:
@@ -285,7 +285,7 @@ def plot_bench(result: BenchResult, path: str | Path) -> Path:
                             label=loglog_slope_label(LAYER_NAMES[layer], result.time_slopes[layer]))
             mem = [p for p in pts if p.peak_bytes]
             if mem:
-                axes[0, 1].plot([p.length for p in mem], [p.peak_bytes / 2**20 for p in mem], "o-", color=color,
+                axes[0, 1].plot([p.length for p in mem], [(p.peak_bytes or 0) / 2**20 for p in mem], "o-", color=color,
                                 label=loglog_slope_label(LAYER_NAMES[layer], result.memory_slopes.get(layer)))
         for ax in axes[0]:
             ax.set_xscale("log", base=2)

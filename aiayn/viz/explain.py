@@ -119,7 +119,7 @@ class _Recorder:
         if module is self.model:
             return
         call = self.stack.pop()
-        call.outputs = _shapes(output if isinstance(output, (tuple, list)) else [output])
+        call.outputs = _shapes(list(output) if isinstance(output, (tuple, list)) else [output])
         call.flops_out, call.act_out = self.flops.get_total_flops(), self.activation_bytes
 
     def pack(self, tensor: Tensor) -> Tensor:
@@ -259,7 +259,7 @@ def explain_config(config: TransformerConfig, *, batch: int = 2, src_len: int = 
     torch.manual_seed(seed)
     model = model_class(config)(config)
     generator = torch.Generator().manual_seed(seed)
-    low = N_SPECIAL if config.vocab_size > N_SPECIAL else 0  # type: ignore[attr-defined]
+    low = N_SPECIAL if config.vocab_size > N_SPECIAL else 0
 
     def ids(vocab: int, length: int) -> Tensor:
         return torch.randint(min(low, vocab - 1), vocab, (batch, length), generator=generator)

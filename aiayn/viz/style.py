@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib
 from matplotlib import font_manager
@@ -132,20 +132,20 @@ def _rc() -> dict[str, Any]:
 
 def apply_style() -> None:
     """Set the library's rcParams globally (for scripts); library code uses :func:`style_context`."""
-    matplotlib.rcParams.update(_rc())
+    matplotlib.rcParams.update(_rc())  # type: ignore[arg-type]  # keys checked by matplotlib at run time
 
 
 @contextmanager
 def style_context() -> Iterator[None]:
     """The library's rcParams for the duration of a ``with`` block; missing-glyph warnings are silenced
     (a missing CJK font is reported once, when CJK text is saved, by :func:`save_figure` instead)."""
-    with matplotlib.rc_context(_rc()), warnings.catch_warnings():
+    with matplotlib.rc_context(_rc()), warnings.catch_warnings():  # type: ignore[arg-type]  # as above
         warnings.filterwarnings("ignore", message=r"Glyph .* missing from")
         yield
 
 
 def new_figure(
-    nrows: int = 1, ncols: int = 1, *, width: float = 6.0, height: float = 4.0, layout: str | None = "constrained", **subplot_kw: Any
+    nrows: int = 1, ncols: int = 1, *, width: float = 6.0, height: float = 4.0, layout: Literal["constrained", "compressed", "tight"] | None = "constrained", **subplot_kw: Any
 ) -> tuple[Figure, Any]:
     """A figure and a 2-D array of axes ``(nrows, ncols)`` (always 2-D, even for one panel).
 
