@@ -19,6 +19,7 @@ from aiayn.nn.feedforward import ACTIVATIONS
 from aiayn.nn.norm import NORMS
 from aiayn.nn.positional import POSITION_KINDS
 from aiayn.tokenization.special import PAD_ID
+from aiayn.validation import check_choice, check_positive, rule
 
 __all__ = [
     "TransformerConfig",
@@ -60,29 +61,29 @@ class TransformerConfig:
     pad_id: int | None = PAD_ID  # None: no padding token (masks must then be given explicitly)
 
     def __post_init__(self) -> None:
-        _positive(self, "d_model", "n_heads", "d_ff", "max_len")
+        _positives(self, "d_model", "n_heads", "d_ff", "max_len")
         if self.n_kv_heads is not None:
-            _positive(self, "n_kv_heads")
-        _rule(self.d_model % self.n_heads == 0, "d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
+            _positives(self, "n_kv_heads")
+        rule(self.d_model % self.n_heads == 0, "d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        _rule(self.n_heads % kv == 0, "n_kv_heads", self.n_kv_heads, f"must divide n_heads={self.n_heads}")
+        rule(self.n_heads % kv == 0, "n_kv_heads", self.n_kv_heads, f"must divide n_heads={self.n_heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
-            _rule(0.0 <= value < 1.0, name, value, "must be in [0, 1)")
-        _choice(self, "activation", ACTIVATIONS)
-        _choice(self, "norm", NORMS)
-        _choice(self, "norm_position", ("post", "pre"))
-        _choice(self, "positions", POSITION_KINDS)
-        _choice(self, "attention_backend", BACKENDS)
-        _rule(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
-        _rule(self.rope_base > 0, "rope_base", self.rope_base, "must be > 0")
+            rule(0.0 <= value < 1.0, name, value, "must be in [0, 1)")
+        _field_choice(self, "activation", ACTIVATIONS)
+        _field_choice(self, "norm", NORMS)
+        _field_choice(self, "norm_position", ("post", "pre"))
+        _field_choice(self, "positions", POSITION_KINDS)
+        _field_choice(self, "attention_backend", BACKENDS)
+        rule(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
+        rule(self.rope_base > 0, "rope_base", self.rope_base, "must be > 0")
         if self.init_std is not None:
-            _rule(self.init_std > 0, "init_std", self.init_std, "must be > 0 or None")
+            rule(self.init_std > 0, "init_std", self.init_std, "must be > 0 or None")
         if self.positions == "rotary":
             head_dim = self.d_model // self.n_heads
-            _rule(head_dim % 2 == 0, "positions", self.positions, f"rotary needs an even head size, got {head_dim}")
+            rule(head_dim % 2 == 0, "positions", self.positions, f"rotary needs an even head size, got {head_dim}")
         if self.pad_id is not None:
-            _rule(self.pad_id >= 0, "pad_id", self.pad_id, "must be >= 0 or None")
+            rule(self.pad_id >= 0, "pad_id", self.pad_id, "must be >= 0 or None")
 
     @property
     def head_dim(self) -> int:
@@ -134,10 +135,10 @@ class EncoderDecoderConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive(self, "vocab_size", "n_encoder_layers", "n_decoder_layers")
+        _positives(self, "vocab_size", "n_encoder_layers", "n_decoder_layers")
         if self.tgt_vocab_size is not None:
-            _positive(self, "tgt_vocab_size")
-            _rule(
+            _positives(self, "tgt_vocab_size")
+            rule(
                 not self.share_embeddings, "share_embeddings", self.share_embeddings,
                 f"needs one shared vocabulary: set tgt_vocab_size=None (got {self.tgt_vocab_size}) or share_embeddings=False",
             )
@@ -159,7 +160,7 @@ class DecoderOnlyConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive(self, "vocab_size", "n_layers")
+        _positives(self, "vocab_size", "n_layers")
         _check_pad_id(self)
 
 
@@ -180,11 +181,11 @@ class EncoderOnlyConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive(self, "vocab_size", "n_layers")
-        _rule(self.n_segments >= 0, "n_segments", self.n_segments, "must be >= 0")
-        _rule(self.n_classes >= 0, "n_classes", self.n_classes, "must be >= 0")
-        _rule(self.pooler is not False or self.n_classes == 0, "pooler", self.pooler, "must not be False with a classification head (n_classes > 0)")
-        _rule(self.pooling in ("cls", "mean"), "pooling", self.pooling, "must be 'cls' or 'mean'")
+        _positives(self, "vocab_size", "n_layers")
+        rule(self.n_segments >= 0, "n_segments", self.n_segments, "must be >= 0")
+        rule(self.n_classes >= 0, "n_classes", self.n_classes, "must be >= 0")
+        rule(self.pooler is not False or self.n_classes == 0, "pooler", self.pooler, "must not be False with a classification head (n_classes > 0)")
+        rule(self.pooling in ("cls", "mean"), "pooling", self.pooling, "must be 'cls' or 'mean'")
         _check_pad_id(self)
 
 
@@ -228,20 +229,13 @@ def _check_keys(cls: type, data: dict[str, Any]) -> None:
 
 def _check_pad_id(config: Any) -> None:
     if config.pad_id is not None:
-        _rule(config.pad_id < config.vocab_size, "pad_id", config.pad_id, f"must be < vocab_size={config.vocab_size}")
+        rule(config.pad_id < config.vocab_size, "pad_id", config.pad_id, f"must be < vocab_size={config.vocab_size}")
 
 
-def _rule(ok: bool, name: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} {rule}")
-
-
-def _positive(config: Any, *names: str) -> None:
+def _positives(config: Any, *names: str) -> None:
     for name in names:
-        value = getattr(config, name)
-        _rule(isinstance(value, int) and not isinstance(value, bool) and value > 0, name, value, "must be a positive integer")
+        check_positive(name, getattr(config, name))
 
 
-def _choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(config, name)
-    _rule(value in choices, name, value, f"must be one of {choices}")
+def _field_choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
+    check_choice(name, getattr(config, name), choices)
