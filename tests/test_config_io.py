@@ -152,7 +152,7 @@ def test_missing_required_key_is_named() -> None:
 def test_post_init_validation_runs_with_the_path_in_front() -> None:
     with pytest.raises(ValueError, match=r"^model: n_layers must be >= 1, got 0$"):
         from_dict(Run, {"model": {"n_layers": 0}})
-    with pytest.raises(ValueError, match=r"^optim: lr must be a finite number > 0.0, got -1.0$"):
+    with pytest.raises(ValueError, match=r"^optim: lr=-1.0 must be a finite number > 0.0$"):
         from_dict(Run, {"optim": {"lr": -1}})
     with pytest.raises(ValueError, match=r"^n_layers must be >= 1, got 0$"):
         from_dict(Block, {"n_layers": 0})
@@ -285,7 +285,7 @@ def test_override_wrong_type_names_the_key() -> None:
 
 
 def test_override_runs_post_init() -> None:
-    with pytest.raises(ValueError, match=r"^optim: lr must be a finite number > 0.0, got -1.0$"):
+    with pytest.raises(ValueError, match=r"^optim: lr=-1.0 must be a finite number > 0.0$"):
         apply_overrides(Run(), ["optim.lr=-1"])
 
 

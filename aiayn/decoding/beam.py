@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from aiayn.decoding.adapters import as_decoder
 from aiayn.decoding.processors import block_repeated_ngrams, suppress_tokens
 from aiayn.decoding.protocol import Decoder
-from aiayn.decoding.validation import is_int, rule
 from aiayn.tokenization.special import EOS_ID, PAD_ID
+from aiayn.validation import is_int, rule
 
 __all__ = ["BeamConfig", "Hypothesis", "beam_search", "length_penalty"]
 

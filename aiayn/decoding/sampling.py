@@ -20,8 +20,8 @@ from aiayn.decoding.processors import (
     top_p_filter,
 )
 from aiayn.decoding.protocol import DecodeState
-from aiayn.decoding.validation import is_int, rule
 from aiayn.tokenization.special import EOS_ID, PAD_ID
+from aiayn.validation import is_int, rule
 
 __all__ = ["GenerationConfig", "logits_to_probs", "sample", "next_token"]
 

@@ -20,6 +20,7 @@ from aiayn.nn.kernels import ATTENTION_KINDS
 from aiayn.nn.norm import NORMS
 from aiayn.nn.positional import POSITION_KINDS
 from aiayn.tokenization.special import PAD_ID
+from aiayn.validation import check_choice, check_positive, rule
 
 __all__ = [
     "TransformerConfig",
@@ -68,47 +69,47 @@ class TransformerConfig:
     qk_norm: bool = False  # RMS-normalise queries and keys per head (a speedrun option; not in the paper)
 
     def __post_init__(self) -> None:
-        _positive(self, "d_model", "n_heads", "d_ff", "max_len")
+        _positives(self, "d_model", "n_heads", "d_ff", "max_len")
         if self.n_kv_heads is not None:
-            _positive(self, "n_kv_heads")
-        _rule(self.d_model % self.n_heads == 0, "d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
+            _positives(self, "n_kv_heads")
+        rule(self.d_model % self.n_heads == 0, "d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        _rule(self.n_heads % kv == 0, "n_kv_heads", self.n_kv_heads, f"must divide n_heads={self.n_heads}")
+        rule(self.n_heads % kv == 0, "n_kv_heads", self.n_kv_heads, f"must divide n_heads={self.n_heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
-            _rule(0.0 <= value < 1.0, name, value, "must be in [0, 1)")
-        _choice(self, "activation", ACTIVATIONS)
-        _choice(self, "norm", NORMS)
-        _choice(self, "norm_position", ("post", "pre"))
-        _choice(self, "positions", POSITION_KINDS)
-        _choice(self, "attention_backend", BACKENDS)
-        _rule(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
-        _rule(self.rope_base > 0, "rope_base", self.rope_base, "must be > 0")
+            rule(0.0 <= value < 1.0, name, value, "must be in [0, 1)")
+        _field_choice(self, "activation", ACTIVATIONS)
+        _field_choice(self, "norm", NORMS)
+        _field_choice(self, "norm_position", ("post", "pre"))
+        _field_choice(self, "positions", POSITION_KINDS)
+        _field_choice(self, "attention_backend", BACKENDS)
+        rule(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
+        rule(self.rope_base > 0, "rope_base", self.rope_base, "must be > 0")
         if self.init_std is not None:
-            _rule(self.init_std > 0, "init_std", self.init_std, "must be > 0 or None")
+            rule(self.init_std > 0, "init_std", self.init_std, "must be > 0 or None")
         if self.positions == "rotary":
             head_dim = self.d_model // self.n_heads
-            _rule(head_dim % 2 == 0, "positions", self.positions, f"rotary needs an even head size, got {head_dim}")
+            rule(head_dim % 2 == 0, "positions", self.positions, f"rotary needs an even head size, got {head_dim}")
         if self.pad_id is not None:
-            _rule(self.pad_id >= 0, "pad_id", self.pad_id, "must be >= 0 or None")
+            rule(self.pad_id >= 0, "pad_id", self.pad_id, "must be >= 0 or None")
         self._check_efficient_attention()
 
     def _check_efficient_attention(self) -> None:
         """The variants of issue 18: attention kernel, window, state-space mixer."""
-        _choice(self, "attention", ATTENTION_KINDS)
+        _field_choice(self, "attention", ATTENTION_KINDS)
         if self.window is not None:
-            _positive(self, "window")
-            _rule(self.attention == "local", "window", self.window, f"needs attention='local', got attention={self.attention!r}")
-        _rule(self.attention != "local" or self.window is not None, "window", self.window, "must be set with attention='local' (keys per query)")
-        _rule(self.attention == "softmax" or self.positions != "alibi", "positions", self.positions,
+            _positives(self, "window")
+            rule(self.attention == "local", "window", self.window, f"needs attention='local', got attention={self.attention!r}")
+        rule(self.attention != "local" or self.window is not None, "window", self.window, "must be set with attention='local' (keys per query)")
+        rule(self.attention == "softmax" or self.positions != "alibi", "positions", self.positions,
               f"adds a score bias, which attention={self.attention!r} cannot take; use rotary, sinusoidal or learned")
-        _rule(self.attention != "linear" or self.attention_dropout == 0.0, "attention_dropout", self.attention_dropout,
+        rule(self.attention != "linear" or self.attention_dropout == 0.0, "attention_dropout", self.attention_dropout,
               "must be 0 with attention='linear' (there are no attention weights to drop)")
-        _choice(self, "mixer", ("attention", "ssm"))
-        _positive(self, "ssm_state", "ssm_conv", "ssm_expand")
+        _field_choice(self, "mixer", ("attention", "ssm"))
+        _positives(self, "ssm_state", "ssm_conv", "ssm_expand")
         if self.mixer == "ssm":
-            _rule(self.family == "decoder-only", "mixer", self.mixer, f"is for the decoder-only family, not {self.family}")
-            _rule(self.attention == "softmax", "attention", self.attention, "has no effect with mixer='ssm' (no attention layers): leave it 'softmax'")
+            rule(self.family == "decoder-only", "mixer", self.mixer, f"is for the decoder-only family, not {self.family}")
+            rule(self.attention == "softmax", "attention", self.attention, "has no effect with mixer='ssm' (no attention layers): leave it 'softmax'")
 
     @property
     def head_dim(self) -> int:
@@ -163,10 +164,10 @@ class EncoderDecoderConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive(self, "vocab_size", "n_encoder_layers", "n_decoder_layers")
+        _positives(self, "vocab_size", "n_encoder_layers", "n_decoder_layers")
         if self.tgt_vocab_size is not None:
-            _positive(self, "tgt_vocab_size")
-            _rule(
+            _positives(self, "tgt_vocab_size")
+            rule(
                 not self.share_embeddings, "share_embeddings", self.share_embeddings,
                 f"needs one shared vocabulary: set tgt_vocab_size=None (got {self.tgt_vocab_size}) or share_embeddings=False",
             )
@@ -188,7 +189,7 @@ class DecoderOnlyConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive(self, "vocab_size", "n_layers")
+        _positives(self, "vocab_size", "n_layers")
         _check_pad_id(self)
 
 
@@ -209,11 +210,11 @@ class EncoderOnlyConfig(TransformerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive(self, "vocab_size", "n_layers")
-        _rule(self.n_segments >= 0, "n_segments", self.n_segments, "must be >= 0")
-        _rule(self.n_classes >= 0, "n_classes", self.n_classes, "must be >= 0")
-        _rule(self.pooler is not False or self.n_classes == 0, "pooler", self.pooler, "must not be False with a classification head (n_classes > 0)")
-        _rule(self.pooling in ("cls", "mean"), "pooling", self.pooling, "must be 'cls' or 'mean'")
+        _positives(self, "vocab_size", "n_layers")
+        rule(self.n_segments >= 0, "n_segments", self.n_segments, "must be >= 0")
+        rule(self.n_classes >= 0, "n_classes", self.n_classes, "must be >= 0")
+        rule(self.pooler is not False or self.n_classes == 0, "pooler", self.pooler, "must not be False with a classification head (n_classes > 0)")
+        rule(self.pooling in ("cls", "mean"), "pooling", self.pooling, "must be 'cls' or 'mean'")
         _check_pad_id(self)
 
 
@@ -257,20 +258,13 @@ def _check_keys(cls: type, data: dict[str, Any]) -> None:
 
 def _check_pad_id(config: Any) -> None:
     if config.pad_id is not None:
-        _rule(config.pad_id < config.vocab_size, "pad_id", config.pad_id, f"must be < vocab_size={config.vocab_size}")
+        rule(config.pad_id < config.vocab_size, "pad_id", config.pad_id, f"must be < vocab_size={config.vocab_size}")
 
 
-def _rule(ok: bool, name: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} {rule}")
-
-
-def _positive(config: Any, *names: str) -> None:
+def _positives(config: Any, *names: str) -> None:
     for name in names:
-        value = getattr(config, name)
-        _rule(isinstance(value, int) and not isinstance(value, bool) and value > 0, name, value, "must be a positive integer")
+        check_positive(name, getattr(config, name))
 
 
-def _choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(config, name)
-    _rule(value in choices, name, value, f"must be one of {choices}")
+def _field_choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
+    check_choice(name, getattr(config, name), choices)

@@ -17,6 +17,7 @@ from aiayn.config_io import convert_value
 from aiayn.models.config import FAMILIES, TransformerConfig, config_from_dict
 from aiayn.models.presets import preset
 from aiayn.training.optim import OptimConfig, ScheduleConfig
+from aiayn.validation import check_choice
 
 __all__ = ["ModelSection", "DataSection", "LoopSection", "TrainConfig", "build_model_config", "TASKS", "DATASET_NAMES"]
 
@@ -119,11 +120,11 @@ class DataSection:
     num_workers: int = 0
 
     def __post_init__(self) -> None:
-        _choice("data.task", self.task, TASKS)
-        _choice("data.dataset", self.dataset, DATASET_NAMES)
-        _choice("data.tokenizer", self.tokenizer, ("bpe", "char"))
-        _choice("data.too_long", self.too_long, ("drop", "truncate", "error"))
-        _choice("data.direction", self.direction, ("de-en", "en-de"))
+        check_choice("data.task", self.task, TASKS)
+        check_choice("data.dataset", self.dataset, DATASET_NAMES)
+        check_choice("data.tokenizer", self.tokenizer, ("bpe", "char"))
+        check_choice("data.too_long", self.too_long, ("drop", "truncate", "error"))
+        check_choice("data.direction", self.direction, ("de-en", "en-de"))
         for name in ("vocab_size", "max_len", "max_tokens", "batch_size", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be >= 1")
@@ -177,9 +178,9 @@ class LoopSection:
             raise ValueError(f"train.eval_bleu={self.eval_bleu} must be >= 0 (0 = off)")
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ValueError(f"train.eval_batches={self.eval_batches} must be >= 1 or null")
-        _choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
-        _choice("train.nonfinite", self.nonfinite, ("raise", "skip"))
-        _choice("train.parallel", self.parallel, ("ddp", "fsdp"))
+        check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
+        check_choice("train.nonfinite", self.nonfinite, ("raise", "skip"))
+        check_choice("train.parallel", self.parallel, ("ddp", "fsdp"))
         if self.cpu_offload and self.parallel != "fsdp":
             raise ValueError(f"train.cpu_offload=true needs train.parallel='fsdp', got {self.parallel!r}")
 
@@ -202,8 +203,3 @@ class TrainConfig:
             raise ValueError("optim.name='muon' with train.parallel='fsdp': Muon orthogonalises whole matrices, which FSDP shards; use adamw")
         if self.train.retention.metric == "val_bleu" and not self.train.eval_bleu:
             raise ValueError("train.retention.metric='val_bleu' needs train.eval_bleu > 0 (sentences to translate)")
-
-
-def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} must be one of {choices}")

@@ -22,6 +22,7 @@ from torch import nn
 
 from aiayn.nn.embedding import TokenEmbedding
 from aiayn.nn.positional import LearnedPositions
+from aiayn.validation import check_choice, check_int, check_number, is_number, rule
 
 __all__ = [
     "OptimConfig",
@@ -68,18 +69,18 @@ class OptimConfig:
     muon_momentum: float = 0.95
 
     def __post_init__(self) -> None:
-        _check_choice("name", self.name, OPTIMIZERS)
-        _check_number("lr", self.lr, minimum=0.0, inclusive=False)
+        check_choice("name", self.name, OPTIMIZERS)
+        check_number("lr", self.lr, minimum=0.0, inclusive=False)
         if not (
             isinstance(self.betas, tuple)
             and len(self.betas) == 2
-            and all(_is_number(b) and 0.0 <= b < 1.0 for b in self.betas)
+            and all(is_number(b) and 0.0 <= b < 1.0 for b in self.betas)
         ):
             raise ValueError(f"betas must be a tuple of two numbers in [0, 1), got {self.betas!r}")
-        _check_number("eps", self.eps, minimum=0.0, inclusive=False)
-        _check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
-        _check_number("muon_lr", self.muon_lr, minimum=0.0, inclusive=False)
-        if not (_is_number(self.muon_momentum) and 0.0 <= self.muon_momentum < 1.0):
+        check_number("eps", self.eps, minimum=0.0, inclusive=False)
+        check_number("weight_decay", self.weight_decay, minimum=0.0, inclusive=True)
+        check_number("muon_lr", self.muon_lr, minimum=0.0, inclusive=False)
+        if not (is_number(self.muon_momentum) and 0.0 <= self.muon_momentum < 1.0):
             raise ValueError(f"muon_momentum must be a number in [0, 1), got {self.muon_momentum!r}")
 
 
@@ -101,16 +102,16 @@ class ScheduleConfig:
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        _check_choice("name", self.name, SCHEDULES)
-        _check_int("warmup", self.warmup, minimum=0)
+        check_choice("name", self.name, SCHEDULES)
+        check_int("warmup", self.warmup, minimum=0)
         if self.d_model is not None:
-            _check_int("d_model", self.d_model, minimum=1)
-        _check_number("factor", self.factor, minimum=0.0, inclusive=False)
+            check_int("d_model", self.d_model, minimum=1)
+        check_number("factor", self.factor, minimum=0.0, inclusive=False)
         if self.max_steps is not None:
-            _check_int("max_steps", self.max_steps, minimum=1)
-        _check_number("min_lr_ratio", self.min_lr_ratio, minimum=0.0, inclusive=True)
+            check_int("max_steps", self.max_steps, minimum=1)
+        check_number("min_lr_ratio", self.min_lr_ratio, minimum=0.0, inclusive=True)
         if self.min_lr_ratio > 1.0:
-            raise ValueError(f"min_lr_ratio must be <= 1, got {self.min_lr_ratio}")
+            rule(False, "min_lr_ratio", self.min_lr_ratio, "must be <= 1")
         if self.name == "noam" and self.warmup < 1:
             raise ValueError(f"warmup must be >= 1 for the noam schedule, got {self.warmup}")
 
@@ -142,16 +143,16 @@ class ScheduleConfig:
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """The paper's rate (section 5.3) at ``step`` (counted from 1): linear warmup, then ``step^-0.5`` decay."""
-    _check_int("step", step, minimum=1)
-    _check_int("d_model", d_model, minimum=1)
-    _check_int("warmup", warmup, minimum=1)
+    check_int("step", step, minimum=1)
+    check_int("d_model", d_model, minimum=1)
+    check_int("warmup", warmup, minimum=1)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def cosine_lr(step: int, *, max_lr: float, min_lr: float, warmup: int, max_steps: int) -> float:
     """nanoGPT's ``get_lr`` at ``step`` (from 0): linear warmup to ``max_lr``, cosine decay to ``min_lr``."""
-    _check_int("step", step, minimum=0)
-    _check_int("warmup", warmup, minimum=0)
+    check_int("step", step, minimum=0)
+    check_int("warmup", warmup, minimum=0)
     if max_steps <= warmup:
         raise ValueError(f"max_steps must be > warmup ({warmup}), got {max_steps}")
     if not 0.0 <= min_lr <= max_lr:
@@ -167,8 +168,8 @@ def cosine_lr(step: int, *, max_lr: float, min_lr: float, warmup: int, max_steps
 
 def constant_lr(step: int, *, lr: float, warmup: int = 0) -> float:
     """``lr`` after a linear warmup of ``warmup`` steps (``step`` from 0), with the ramp of ``cosine_lr``."""
-    _check_int("step", step, minimum=0)
-    _check_int("warmup", warmup, minimum=0)
+    check_int("step", step, minimum=0)
+    check_int("warmup", warmup, minimum=0)
     return lr * (step + 1) / (warmup + 1) if step < warmup else lr
 
 
@@ -287,27 +288,3 @@ def _fused_available(params: Iterable[torch.Tensor]) -> bool:
     except ImportError:
         devices = {"cuda"}
     return all(p.is_floating_point() and p.device.type in devices for p in params)
-
-
-# --------------------------------------------------------------------------- validation helpers
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_number(name: str, value: object, *, minimum: float, inclusive: bool) -> None:
-    ok = _is_number(value) and (value >= minimum if inclusive else value > minimum)  # type: ignore[operator]
-    if not ok:
-        rule = f">= {minimum}" if inclusive else f"> {minimum}"
-        raise ValueError(f"{name} must be a finite number {rule}, got {value!r}")
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
