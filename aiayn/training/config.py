@@ -80,6 +80,10 @@ class ModelSection:
         if not isinstance(data, Mapping):
             raise TypeError(f"{path}: expected a mapping of model fields, got {type(data).__name__}")
         values = dict(data)
+        if all(key in values for key in _SECTION_KEYS):
+            # The form saved before null meant None: every field written, None for "unset" (train_config.yaml
+            # of older runs). Read it as it was trained: its None values are the preset's.
+            values = {k: v for k, v in values.items() if v is not None}
         head = {key: values.pop(key, None) for key in _SECTION_KEYS}
         hints = _model_fields()
         for key, value in values.items():

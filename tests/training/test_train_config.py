@@ -71,3 +71,16 @@ def test_a_partial_retention_block_keeps_best_tracking(tmp_path):
     from_yaml = load_yaml(path, TrainConfig).train.retention
     via_set = apply_overrides(TrainConfig(), ["train.retention.keep_last=6"]).train.retention
     assert from_yaml == via_set == RetentionConfig(keep_last=6, metric="val_loss", mode="min")
+
+
+def test_a_train_config_saved_before_null_meant_none_reads_as_it_was_trained(tmp_path):
+    """Older runs wrote every model field, None for "unset", with both preset and family keys."""
+    import dataclasses
+
+    from aiayn.models.config import FAMILIES
+
+    old = {"preset": None, "family": "decoder-only", "d_model": 64, "n_layers": 3, "pad_id": None, "init_std": 0.02}
+    old |= {f.name: None for cls in FAMILIES.values() for f in dataclasses.fields(cls) if f.name not in old}
+    section = from_dict(TrainConfig, {"model": old}).model
+    assert section == ModelSection(family="decoder-only", d_model=64, n_layers=3, init_std=0.02)
+    assert section.build(vocab_size=10).pad_id == 0  # as trained: the old null was ignored
