@@ -169,3 +169,18 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies_and_matches_an_uninterr
     a, _ = read_safetensors(tmp_path / "a" / "run" / "step-000008" / "model.safetensors")
     b, _ = read_safetensors(tmp_path / "b" / "run" / "step-000008" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_target_vocabulary_smaller_than_its_tokenizer_is_caught_before_building(tmp_path, monkeypatch):
+    from loop_fixtures import translation_config
+
+    config = translation_config(tmp_path, steps=2)
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, tgt_vocab_size=9, share_embeddings=False),
+        data=dataclasses.replace(config.data, shared_vocab=False),
+    )
+    built = []
+    monkeypatch.setattr("aiayn.training.loop.model_class", lambda c: built.append(c) or (_ for _ in ()).throw(AssertionError("built")))
+    with pytest.raises(ValueError, match=r"the tokenizer has \d+ ids .* but the model's model.tgt_vocab_size is 9"):
+        train(config)
+    assert built == []  # refused before any model was built, not at the first forward pass
