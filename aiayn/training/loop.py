@@ -86,15 +86,15 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
         shutdown(dist_info)
 
 
-def _check_world_size(checkpoint: Checkpoint, world_size: int) -> None:
-    """Refuse to resume a checkpoint saved by a different number of data-parallel ranks.
+def _check_world_size(checkpoint: Checkpoint, world_size: int, *, resplit: bool = False) -> None:
+    """Refuse to resume a checkpoint saved by a different number of DDP ranks (unless ``resplit``).
 
     The weights and optimizer are the same on every DDP rank, but each rank's loader position and
     dropout generators are its own: with another world size the data order (and so the run) would
-    silently differ from an uninterrupted one.
+    silently differ from an uninterrupted one. ``resplit``: a sharded (FSDP) run re-splits instead.
     """
     saved = len(checkpoint.ranks) + 1
-    if saved != world_size:
+    if saved != world_size and not resplit:
         raise ValueError(
             f"cannot resume {checkpoint.path} with {world_size} process(es): it was saved by {saved} data-parallel "
             f"rank(s), each with its own loader position and generators. Resume it with "
