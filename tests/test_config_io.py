@@ -228,6 +228,7 @@ def test_exponent_float_in_a_yaml_file(tmp_path: Path) -> None:
     assert load_yaml(path, Run).optim.lr == 5e-4
 
 
+@pytest.mark.reliability
 def test_save_yaml_failure_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "run.yaml"
     save_yaml(Run(seed=1), path)

@@ -33,6 +33,7 @@ def test_refuses_to_overwrite_and_names_path(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m"]  # no temporary leftovers
 
 
+@pytest.mark.reliability
 def test_tokenizer_larger_than_vocabulary_fails_before_writing(tmp_path):
     tok = CharTokenizer.train(["abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ!?"])
     model = build_model("tiny-decoder-only", vocab_size=20)

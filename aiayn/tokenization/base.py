@@ -6,6 +6,7 @@ all of them (pad, bos, eos, unk, cls, sep, mask).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -59,8 +60,14 @@ def check_text(text: object, name: str = "text") -> str:
 
 
 def check_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
-    """Return ``ids`` as a list of ints, raising ``ValueError`` for an id outside ``[0, vocab_size)``."""
-    out = [int(i) for i in ids]
+    """Return ``ids`` as a list of ints, raising ``ValueError`` for an id outside ``[0, vocab_size)`` and
+    ``TypeError`` for one that is not an integer (a float such as 2.5 or inf, a string)."""
+    out = []
+    for i in ids:
+        try:
+            out.append(operator.index(i))  # ints, numpy and 0-d torch integers; never a float truncated
+        except TypeError:
+            raise TypeError(f"token ids must be integers, got {i!r} ({type(i).__name__})") from None
     for i in out:
         if not 0 <= i < vocab_size:
             raise ValueError(f"token id {i} is out of range for a vocabulary of {vocab_size} ids (0..{vocab_size - 1})")

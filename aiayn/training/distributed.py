@@ -41,9 +41,25 @@ def init_distributed(device: torch.device, timeout_s: float = 120.0, *, always: 
         return DistInfo()
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        rank, timeout = int(os.environ["RANK"]), datetime.timedelta(seconds=timeout_s)
         # A timeout, so that a rank whose peer died raises instead of hanging forever.
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=_attempt_store(rank, world_size, timeout), rank=rank, world_size=world_size, timeout=timeout)
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store of ``env://``, with a key space of its own for each torchrun attempt.
+
+    After a rank dies, ``torchrun --max-restarts`` restarts the group against the same agent store:
+    the keys of the failed attempt would give the new ranks the addresses of dead peers (gloo:
+    "connectFullMesh failed ... Connection refused"), so keys are prefixed by the restart count.
+    """
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=not agent and rank == 0, timeout=timeout, multi_tenant=not agent,
+    )
+    return dist.PrefixStore(f"aiayn/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def all_reduce_sum(value: torch.Tensor, info: DistInfo) -> torch.Tensor:

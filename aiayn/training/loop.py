@@ -86,12 +86,31 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
         device = torch.device("cuda", dist_info.local_rank)
     run_dir = Path(config.run_dir)
     checkpoint = _resume_point(run_dir, resume, sharded=fsdp)
+    if checkpoint is not None:
+        _check_world_size(checkpoint, dist_info.world_size, resplit=fsdp)  # before anything in run_dir is moved
     if checkpoint is not None and dist_info.is_main:
         set_aside_newer(run_dir, checkpoint.step)
     try:
         return _train(config, run_dir, device, dist_info, checkpoint, _with_bleu(eval_hook, loop.eval_bleu))
     finally:
         shutdown(dist_info)
+
+
+def _check_world_size(checkpoint: Checkpoint, world_size: int, *, resplit: bool = False) -> None:
+    """Refuse to resume a checkpoint saved by a different number of DDP ranks (unless ``resplit``).
+
+    The weights and optimizer are the same on every DDP rank, but each rank's loader position and
+    dropout generators are its own: with another world size the data order (and so the run) would
+    silently differ from an uninterrupted one. ``resplit``: a sharded (FSDP) run re-splits instead.
+    """
+    saved = len(checkpoint.ranks) + 1
+    if saved != world_size and not resplit:
+        raise ValueError(
+            f"cannot resume {checkpoint.path} with {world_size} process(es): it was saved by {saved} data-parallel "
+            f"rank(s), each with its own loader position and generators. Resume it with "
+            f"`torchrun --nproc_per_node={saved}`" + (" (or without torchrun)" if saved == 1 else "")
+            + f", or start a new run from its weights with train.init_from={checkpoint.path} and another run_dir"
+        )
 
 
 def _rank_state(checkpoint: Checkpoint, rank: int, world_size: int, *, resplit: bool = False) -> dict[str, Any]:

@@ -53,6 +53,7 @@ def test_newest_that_is_also_best_is_kept_once(tmp_path: Path) -> None:
     assert _names(tmp_path) == ["step-000003"]
 
 
+@pytest.mark.reliability
 def test_a_corrupt_newest_stops_rotation(tmp_path: Path) -> None:
     _run(tmp_path, [3.0, 2.0], RetentionConfig(keep_last=5, metric=None))
     newest = tmp_path / "step-000002"
@@ -62,6 +63,7 @@ def test_a_corrupt_newest_stops_rotation(tmp_path: Path) -> None:
     assert _names(tmp_path) == ["step-000001", "step-000002"]
 
 
+@pytest.mark.reliability
 def test_leftovers_of_interrupted_saves_are_removed(tmp_path: Path) -> None:
     _run(tmp_path, [1.0], RetentionConfig(keep_last=1, metric=None))
     (tmp_path / ".tmp-step-000002-1-abcd").mkdir()

@@ -124,6 +124,7 @@ def test_load_round_trips_every_part_exactly(tmp_path: Path) -> None:
     assert ckpt.extra_files == ("tokenizer.json",)
 
 
+@pytest.mark.reliability
 def test_resume_continues_bit_for_bit(tmp_path: Path) -> None:
     model, opt, sched = _setup(0)
     _train(model, opt, sched, 3)
@@ -149,12 +150,14 @@ def test_resume_without_rng_differs(tmp_path: Path) -> None:
     assert _train(model2, opt2, sched2, 2) != expected
 
 
+@pytest.mark.reliability
 def test_saving_the_same_step_twice_fails(tmp_path: Path) -> None:
     _save(tmp_path, 1)
     with pytest.raises(FileExistsError, match=rf"checkpoint directory already exists: {tmp_path / 'step-000001'}"):
         _save(tmp_path, 1)
 
 
+@pytest.mark.reliability
 def test_disk_full_removes_the_partial_checkpoint_and_keeps_the_previous(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model, opt, sched = _setup(0)
     first = _save(tmp_path, 1, model, optimizer=opt, scheduler=sched)
@@ -177,6 +180,7 @@ def test_disk_full_removes_the_partial_checkpoint_and_keeps_the_previous(tmp_pat
     assert latest_checkpoint(tmp_path) == first
 
 
+@pytest.mark.reliability
 def test_non_finite_weights_are_never_written(tmp_path: Path) -> None:
     model = TinyModel()
     with torch.no_grad():
@@ -288,6 +292,7 @@ def _unpaired_optimizer_file(path: Path) -> str:
     "corrupt",
     [_truncate, _flip_byte, _bad_json, _bad_safetensors, _missing_file, _bad_marker, _marker_without_step, _unpaired_optimizer_file],
 )
+@pytest.mark.reliability
 def test_corrupt_newest_is_skipped_with_a_warning_and_refused_by_load(tmp_path: Path, corrupt: Callable[[Path], str]) -> None:
     model, opt, sched = _setup(0)
     good = _save(tmp_path, 1, model, optimizer=opt, scheduler=sched)
@@ -307,6 +312,7 @@ def test_load_refuses_an_optimizer_state_that_does_not_decode(tmp_path: Path) ->
         load_checkpoint(path)
 
 
+@pytest.mark.reliability
 def test_a_directory_without_marker_is_not_a_checkpoint(tmp_path: Path) -> None:
     good = _save(tmp_path, 1)
     partial = _save(tmp_path, 2)
@@ -319,6 +325,7 @@ def test_a_directory_without_marker_is_not_a_checkpoint(tmp_path: Path) -> None:
         load_checkpoint(partial)
 
 
+@pytest.mark.reliability
 def test_missing_or_empty_resume_paths_are_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=rf"resume path does not exist: {tmp_path / 'nope'}"):
         latest_checkpoint(tmp_path / "nope")

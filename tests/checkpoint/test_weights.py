@@ -20,6 +20,7 @@ from aiayn.checkpoint.weights import (
 )
 
 
+@pytest.mark.reliability
 def test_tied_weights_are_stored_once_and_come_back_tied(tmp_path: Path) -> None:
     model = TinyModel(tied=True)
     path = tmp_path / "w.safetensors"
@@ -54,6 +55,7 @@ def test_check_finite_names_the_first_bad_tensor() -> None:
     check_finite({"ok": torch.ones(2), "ints": torch.tensor([3])})
 
 
+@pytest.mark.reliability
 def test_unreadable_safetensors_are_named(tmp_path: Path) -> None:
     path = tmp_path / "w.safetensors"
     data = state_dict_to_bytes({"a": torch.ones(4)})
@@ -65,6 +67,7 @@ def test_unreadable_safetensors_are_named(tmp_path: Path) -> None:
         read_safetensors(tmp_path / "nope.safetensors")
 
 
+@pytest.mark.reliability
 def test_pickle_is_refused_unless_trusted(tmp_path: Path) -> None:
     state = TinyModel().state_dict()
     path = tmp_path / "model.pt"
@@ -79,6 +82,7 @@ class _NotWeights:
     pass
 
 
+@pytest.mark.reliability
 def test_trusted_pickle_still_uses_weights_only(tmp_path: Path) -> None:
     path = tmp_path / "evil.bin"
     with open(path, "wb") as f:
@@ -95,6 +99,7 @@ def test_unknown_suffix_is_refused(tmp_path: Path) -> None:
         read_weights(tmp_path / "w.npz")
 
 
+@pytest.mark.reliability
 def test_mismatched_model_lists_keys_and_shapes_and_loads_nothing() -> None:
     source = TinyModel(vocab=11, d=8, tied=False).state_dict()
     source["extra.weight"] = torch.zeros(2)

@@ -84,6 +84,7 @@ def test_download_checks_sha256_and_writes_into_the_cache(tmp_path, monkeypatch)
     assert (cached / "val.de").read_text(encoding="utf-8") == DE
 
 
+@pytest.mark.reliability
 def test_checksum_mismatch_writes_nothing(tmp_path, monkeypatch) -> None:
     origin = _remote(tmp_path, monkeypatch, corrupt=True)
     spec = DATASETS["multi30k"].files["val.en"]

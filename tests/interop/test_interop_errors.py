@@ -48,6 +48,7 @@ def test_unsupported_in_memory_class():
         load_hf(hf)
 
 
+@pytest.mark.reliability
 def test_missing_and_unmatched_keys_are_all_listed(tmp_path):
     hf = gpt2(seed=0)
     state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}

@@ -12,6 +12,7 @@ def models():
     return {name: build_model(name).eval() for name in ("tiny-encoder-decoder", "tiny-decoder-only", "tiny-encoder-only")}
 
 
+@pytest.mark.reliability
 def test_token_id_out_of_range_names_largest_id(models):
     with pytest.raises(ValueError, match="src holds token id 70, outside the vocabulary of vocab_size=64"):
         models["tiny-encoder-decoder"](torch.tensor([[5, 70, 3]]), torch.tensor([[1, 2]]))
@@ -28,6 +29,7 @@ def test_float_ids_rejected(models):
         models["tiny-decoder-only"](torch.zeros(1, 3))
 
 
+@pytest.mark.reliability
 def test_sequence_longer_than_learned_positions(models):
     with pytest.raises(ValueError, match="sequence of length 129 is longer than the learned positions' max_len=128"):
         models["tiny-decoder-only"](torch.ones(1, 129, dtype=torch.long))
@@ -53,6 +55,7 @@ def test_empty_batch_and_zero_length(models):
     assert models["tiny-encoder-only"](torch.zeros(0, 4, dtype=torch.long)).shape == (0, 4, 32)
 
 
+@pytest.mark.reliability
 def test_all_padding_source_gives_finite_output(models):
     """A source that is all padding: cross-attention rows are fully masked and give zeros, not NaN."""
     out = models["tiny-encoder-decoder"](torch.zeros(1, 4, dtype=torch.long), torch.tensor([[1, 7, 8]]))

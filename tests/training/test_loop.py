@@ -43,6 +43,7 @@ def test_language_model_learns(tmp_path):
     assert (result.run_dir / "train_config.yaml").is_file()
 
 
+@pytest.mark.reliability
 def test_exact_resume_in_a_fresh_process(tmp_path):
     """N steps straight == N/2 steps, process exit, fresh process resumes to N: same losses, same weights, bit for bit.
 
@@ -100,6 +101,7 @@ def test_two_gloo_ranks_equal_one_process_with_accumulation(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.reliability
 def test_exact_resume_of_two_gloo_ranks_with_dropout(tmp_path):
     """2 ranks for 4 steps == 2 ranks stopped at 2 and resumed in new processes: bit for bit.
 
@@ -121,6 +123,7 @@ def test_exact_resume_of_two_gloo_ranks_with_dropout(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.reliability
 def test_a_failing_rank_stops_every_rank(tmp_path):
     """Rank 1 raises at step 2: torchrun ends the other rank too and exits non-zero, well within the timeout."""
     config = translation_config(tmp_path, steps=50, dropout=0.0)
@@ -130,6 +133,7 @@ def test_a_failing_rank_stops_every_rank(tmp_path):
     assert "rank 1 fails on purpose" in out.stderr + out.stdout
 
 
+@pytest.mark.reliability
 def test_non_finite_loss_raises_naming_the_step_and_keeps_checkpoints(tmp_path, monkeypatch):
     config = lm_config(tmp_path, steps=8, save_every=2, eval_every=2)
     original = Objective.forward
@@ -156,6 +160,7 @@ def test_non_finite_loss_raises_naming_the_step_and_keeps_checkpoints(tmp_path, 
         assert torch.isfinite(tensor).all(), name
 
 
+@pytest.mark.reliability
 def test_resume_errors_name_the_path(tmp_path):
     config = lm_config(tmp_path, steps=2)
     with pytest.raises(FileNotFoundError, match=f"resume path does not exist: {tmp_path / 'nowhere'}"):
@@ -165,6 +170,7 @@ def test_resume_errors_name_the_path(tmp_path):
         train(config, resume=str(tmp_path / "empty"))
 
 
+@pytest.mark.reliability
 def test_resume_with_changed_model_lists_the_changes(tmp_path):
     config = lm_config(tmp_path, steps=2)
     train(config)
@@ -184,6 +190,7 @@ def test_a_field_added_since_the_checkpoint_counts_as_its_default(tmp_path):
         _check_same_model(changed, result.model.config)
 
 
+@pytest.mark.reliability
 def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     config = lm_config(tmp_path, steps=6, save_every=3)
     train(config)
@@ -197,6 +204,7 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     assert 4 in losses and 9 in losses  # steps 4..9 were (re)done from step 3
 
 
+@pytest.mark.reliability
 def test_fresh_start_refuses_a_used_run_dir(tmp_path):
     config = lm_config(tmp_path, steps=2)
     train(config)
@@ -204,6 +212,7 @@ def test_fresh_start_refuses_a_used_run_dir(tmp_path):
         train(config, resume=False)
 
 
+@pytest.mark.reliability
 def test_cli_rejects_unknown_and_mistyped_keys(tmp_path):
     path = save_config(lm_config(tmp_path, steps=2), tmp_path / "c.yaml")
     out = run_cli("train", str(path), "--set", "optim.lrr=0.1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from pathlib import Path
 
@@ -109,3 +110,77 @@ def test_fp16_resume_restores_the_scaler_and_matches_a_straight_run(tmp_path, mo
     a, _ = read_safetensors(straight / "step-000006" / "model.safetensors")
     b, _ = read_safetensors(resumed / "step-000006" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --------------------------------------------------------------------------- data-parallel faults (2 gloo processes)
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_on_one_rank_stops_both_and_names_the_rank(tmp_path):
+    from test_loop import ROOT, torchrun
+    from loop_fixtures import save_config, translation_config
+
+    path = save_config(translation_config(tmp_path, steps=6, dropout=0.0), tmp_path / "c.yaml")
+    out = torchrun(str(ROOT / "tests" / "training" / "ddp_nonfinite_worker.py"), str(path), timeout=180)
+    assert out.returncode != 0
+    said = out.stderr + out.stdout
+    assert "at step 2 (non-finite loss on rank 1 of 2); stopped before the optimizer step" in said
+    assert said.count("FloatingPointError") >= 2  # both ranks stopped on the same decision, neither hung
+
+
+def test_a_different_world_size_is_refused_naming_the_checkpoint_and_the_remedy(tmp_path):
+    from aiayn.checkpoint.state import RankState, load_checkpoint
+    from aiayn.training.loop import _check_world_size
+
+    config = lm_config(tmp_path, steps=2, save_every=2)
+    single = load_checkpoint(train(config).last_checkpoint)
+    _check_world_size(single, 1)
+    with pytest.raises(ValueError, match=rf"cannot resume {single.path} with 2 process\(es\): it was saved by 1 data-parallel rank.*"
+                                         r"--nproc_per_node=1` \(or without torchrun\), or start a new run from its weights with train.init_from="):
+        _check_world_size(single, 2)
+    two = dataclasses.replace(single, ranks={1: RankState(single.rng, single.trainer.data)})  # as a 2-rank run saves it
+    with pytest.raises(ValueError, match=r"with 1 process\(es\): it was saved by 2 data-parallel rank.*--nproc_per_node=2`"):
+        _check_world_size(two, 1)
+    _check_world_size(two, 2)
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_resumes_after_a_rank_dies_and_matches_an_uninterrupted_run(tmp_path):
+    import torch
+
+    from aiayn.checkpoint.weights import read_safetensors
+    from aiayn.training.metrics_log import read_metrics
+    from loop_fixtures import save_config, translation_config
+    from test_loop import ROOT, torchrun
+
+    straight = save_config(translation_config(tmp_path / "a", steps=8, dropout=0.3, save_every=2), tmp_path / "a.yaml")
+    assert (out := torchrun("-m", "aiayn", "train", str(straight))).returncode == 0, out.stderr[-3000:]
+    dying = save_config(translation_config(tmp_path / "b", steps=8, dropout=0.3, save_every=2), tmp_path / "b.yaml")
+    out = torchrun("--max-restarts=1", str(ROOT / "tests" / "training" / "ddp_dying_worker.py"), str(dying), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = out.stderr + out.stdout
+    assert "failed (exitcode: 17) local_rank: 1" in said  # rank 1 did die
+    assert re.search(r"resumed from .*step-00000[24] at step [24]", said)  # continued from a checkpoint, not from scratch
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r}
+
+    assert losses(tmp_path / "a" / "run") == losses(tmp_path / "b" / "run")
+    a, _ = read_safetensors(tmp_path / "a" / "run" / "step-000008" / "model.safetensors")
+    b, _ = read_safetensors(tmp_path / "b" / "run" / "step-000008" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_target_vocabulary_smaller_than_its_tokenizer_is_caught_before_building(tmp_path, monkeypatch):
+    from loop_fixtures import translation_config
+
+    config = translation_config(tmp_path, steps=2)
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, tgt_vocab_size=9, share_embeddings=False),
+        data=dataclasses.replace(config.data, shared_vocab=False),
+    )
+    built = []
+    monkeypatch.setattr("aiayn.training.loop.model_class", lambda c: built.append(c) or (_ for _ in ()).throw(AssertionError("built")))
+    with pytest.raises(ValueError, match=r"the tokenizer has \d+ ids .* but the model's model.tgt_vocab_size is 9"):
+        train(config)
+    assert built == []  # refused before any model was built, not at the first forward pass
