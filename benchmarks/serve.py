@@ -146,7 +146,8 @@ def in_process_latency(served: ServedModel, prompt: str, max_tokens: int, seed: 
     start = time.perf_counter()
     out = generate(CausalLMDecoder(served.model), ids, None, GenerationConfig(max_new_tokens=max_tokens),  # type: ignore[arg-type]
                    generator=torch.Generator().manual_seed(seed))
-    served.tgt_tokenizer.decode(out.sequences()[0])
+    writable = served.tgt_tokenizer.vocab_size  # the server never samples ids past the tokenizer (a padded vocabulary)
+    served.tgt_tokenizer.decode([i for i in out.sequences()[0] if i < writable])
     return time.perf_counter() - start
 
 
