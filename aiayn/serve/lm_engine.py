@@ -73,6 +73,9 @@ class LMEngine(Worker):
         self.device = next(served.model.parameters()).device
         self.pad_id = served.config.pad_id if served.config.pad_id is not None else 0
         self.writable = served.tgt_tokenizer.vocab_size
+        if not batch_state.joinable(served.model.new_cache()):  # type: ignore[operator]
+            log.warning("this model's decode caches cannot be joined into a batch: serving one sequence at a time (--max-batch 1)")
+            self.max_batch = 1
         self.waiting: deque[_Row] = deque()
         self.rows: list[_Row] = []
         self.state: DecodeState | None = None
@@ -128,7 +131,7 @@ class LMEngine(Worker):
         except Exception as e:  # noqa: BLE001
             batch_state.restore(self.state, saved)
             log.warning("a batched step failed (%s: %s); retrying row by row", type(e).__name__, e)
-            culprits = self._culprits(tokens)
+            culprits = self._culprits(tokens) if len(self.rows) > 1 else [(0, e)]
             for i, error in culprits or [(i, e) for i in range(len(self.rows))]:
                 self.rows[i].job.fail(ModelFailure(error))
         keep = [i for i, row in enumerate(self.rows) if not row.job.dead]
