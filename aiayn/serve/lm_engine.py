@@ -193,44 +193,53 @@ class LMEngine(Worker):
         return int(sample(logits_to_probs(logits[None], request.temperature, None, top_p), row.generator)[0])
 
     def _emit(self, row: _Row, token: int) -> bool:
-        """Record ``token`` for ``row``, send the new text; return whether the row is finished."""
+        """Record ``token`` for ``row``, stream the new text; return whether the row is finished.
+
+        The text is decoded every step only when it is needed then (a stream, or stop strings);
+        a plain request decodes once, at its end."""
         job, request = row.job, row.job.payload
         assert isinstance(request, Completion)
         self.metrics.tokens.labels("completion").inc()
         if job.first_token_at is None:
             job.first_token_at = time.perf_counter()
             self.metrics.time_to_first_token.observe(job.first_token_at - job.arrived)
-        finish = None
+        decode = self.served.tgt_tokenizer.decode
+        finish, text = None, None
         if token == EOS_ID:
-            finish = "stop"
-            text = self.served.tgt_tokenizer.decode(row.ids) if row.ids else ""
+            finish, text = "stop", decode(row.ids) if row.ids else ""
             row.ids.append(token)
-            n_generated = len(row.ids)
         else:
             row.ids.append(token)
-            n_generated = len(row.ids)
-            text = self.served.tgt_tokenizer.decode(row.ids)
-            cut = _first_stop(text, request.stop, len(row.sent))
-            if cut is not None:
-                text, finish = text[:cut], "stop"
-            elif n_generated >= request.max_tokens:
+            if job.stream or request.stop:
+                text = decode(row.ids)
+                cut = _first_stop(text, request.stop, len(row.sent))
+                if cut is not None:
+                    text, finish = text[:cut], "stop"
+            if finish is None and len(row.ids) >= request.max_tokens:
                 finish = "length"
-        if finish is None:
-            # Hold back an incomplete UTF-8 character, and what could be the start of a stop string.
-            hold = max((len(s) - 1 for s in request.stop), default=0)
+        if finish is not None and text is None:
+            text = decode(row.ids)
+        if job.stream and text is not None:
+            self._stream(row, text, finished=finish is not None)
+        row.next = token
+        if finish is not None:
+            job.emit(DONE, row.index, {"finish_reason": finish, "text": text, "prompt_tokens": len(row.prompt), "completion_tokens": len(row.ids)})
+            return True
+        return job.dead
+
+    @staticmethod
+    def _stream(row: _Row, text: str, finished: bool) -> None:
+        """Send what ``text`` adds to the text already sent, holding back an incomplete UTF-8 character
+        and what could still become a stop string."""
+        visible = text
+        if not finished:
+            hold = max((len(s) - 1 for s in row.job.payload.stop), default=0)
             visible = text[: len(text) - hold] if hold else text
             if visible.endswith("\ufffd"):
                 visible = row.sent
-        else:
-            visible = text
         if visible.startswith(row.sent) and len(visible) > len(row.sent):
-            job.emit(TOKEN, row.index, visible[len(row.sent):])
+            row.job.emit(TOKEN, row.index, visible[len(row.sent):])
             row.sent = visible
-        row.next = token
-        if finish is not None:
-            job.emit(DONE, row.index, {"finish_reason": finish, "text": text, "prompt_tokens": len(row.prompt), "completion_tokens": n_generated})
-            return True
-        return job.dead
 
 
 def _first_stop(text: str, stops: tuple[str, ...], sent: int) -> int | None:
