@@ -2,7 +2,8 @@
 subprocess on 127.0.0.1), driven by asyncio ``httpx`` clients from this process, against its peer:
 ``generate`` called in this process on the same model.
 
-* throughput: aggregate completion tokens/s of 8 concurrent clients vs 1 client (64 tokens each);
+* throughput: aggregate completion tokens/s of 8 concurrent clients vs 1 client (64 tokens each:
+  every request bans EOS with ``logit_bias``, so each generates exactly its ``max_tokens``);
 * time to first token: a 32-token prompt, streamed, while 8 other clients stream (p50, p90), and alone;
 * overhead: one client, one request at a time, the server's latency vs ``generate`` in process.
 
@@ -34,6 +35,7 @@ from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.generation import generate
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.serve.loading import ServedModel, load_served_model
+from aiayn.tokenization.special import EOS_ID
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,7 +89,7 @@ def start_server(checkpoint: str, max_batch: int, threads: int) -> tuple[subproc
 
 async def request(client: httpx.AsyncClient, prompt: str, max_tokens: int, seed: int, *, stream: bool = False) -> tuple[float, float, int]:
     """One completion: (time to first token, total time, completion tokens)."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": stream}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": stream, "logit_bias": {str(EOS_ID): -100}}  # exactly max_tokens each
     start = time.perf_counter()
     if not stream:
         r = await client.post("/v1/completions", json=body)
@@ -144,7 +146,8 @@ async def ttft_under_load(url: str, probe_prompt: str, probes: int, background: 
 
 class WritableOnly:
     """The decoder the server effectively runs: logits cut to the ids the tokenizer can write (the
-    server never samples past them), so the peer draws exactly the server's tokens for a seed."""
+    server never samples past them) and EOS biased by -100 (the requests' ``logit_bias``), so the
+    peer draws exactly the server's tokens for a seed."""
 
     def __init__(self, decoder: CausalLMDecoder, writable: int) -> None:
         self.decoder, self.writable = decoder, writable
@@ -155,10 +158,15 @@ class WritableOnly:
 
     def start(self, ids, mask=None, *, max_new_tokens=None):  # type: ignore[no-untyped-def]
         state, logits = self.decoder.start(ids, mask, max_new_tokens=max_new_tokens)
-        return state, logits[:, : self.writable]
+        return state, self._cut(logits)
 
     def step(self, tokens, state):  # type: ignore[no-untyped-def]
-        return self.decoder.step(tokens, state)[:, : self.writable]
+        return self._cut(self.decoder.step(tokens, state))
+
+    def _cut(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits[:, : self.writable].float().clone()
+        logits[:, EOS_ID] -= 100  # the requests' logit_bias
+        return logits
 
     def reorder(self, state, index):  # type: ignore[no-untyped-def]
         self.decoder.reorder(state, index)

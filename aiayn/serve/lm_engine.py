@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Completion:
     """A validated completion request: token ids per prompt and the sampling settings.
-    ``temperature == 0`` is greedy; ``top_p == 1`` keeps the whole distribution."""
+    ``temperature == 0`` is greedy; ``top_p == 1`` keeps the whole distribution; ``logit_bias`` is
+    added to the logits first (OpenAI's field)."""
 
     prompts: list[list[int]]
     max_tokens: int
@@ -46,6 +47,7 @@ class Completion:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit); -100 bans a token
 
 
 @dataclass(eq=False)
@@ -187,6 +189,10 @@ class LMEngine(Worker):
         """The next token of ``row`` from its ``logits (V,)``: greedy at temperature 0, else sampled."""
         request: Completion = row.job.payload
         logits = logits[: self.writable]  # a vocabulary padded past the tokenizer's ids: never emit what cannot be written
+        if request.logit_bias:
+            logits = logits.float().clone()
+            for token, bias in request.logit_bias:
+                logits[token] += bias
         if request.temperature == 0:
             return int(logits.argmax())
         top_p = request.top_p if request.top_p < 1 else None
