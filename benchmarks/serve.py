@@ -2,7 +2,8 @@
 subprocess on 127.0.0.1), driven by asyncio ``httpx`` clients from this process, against its peer:
 ``generate`` called in this process on the same model.
 
-* throughput: aggregate completion tokens/s of 8 concurrent clients vs 1 client (64 tokens each);
+* throughput: aggregate completion tokens/s of 8 concurrent clients vs 1 client (64 tokens each:
+  every request bans EOS with ``logit_bias``, so each generates exactly its ``max_tokens``);
 * time to first token: a 32-token prompt, streamed, while 8 other clients stream (p50, p90), and alone;
 * overhead: one client, one request at a time, the server's latency vs ``generate`` in process.
 
@@ -34,6 +35,7 @@ from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.generation import generate
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.serve.loading import ServedModel, load_served_model
+from aiayn.tokenization.special import EOS_ID
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +50,7 @@ class Result:
     ttft_alone_s: list[float] = field(default_factory=list)
     server_latency_s: list[float] = field(default_factory=list)
     in_process_latency_s: list[float] = field(default_factory=list)
+    tokens_per_request: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         med = statistics.median
@@ -86,7 +89,7 @@ def start_server(checkpoint: str, max_batch: int, threads: int) -> tuple[subproc
 
 async def request(client: httpx.AsyncClient, prompt: str, max_tokens: int, seed: int, *, stream: bool = False) -> tuple[float, float, int]:
     """One completion: (time to first token, total time, completion tokens)."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": stream}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": stream, "logit_bias": {str(EOS_ID): -100}}  # exactly max_tokens each
     start = time.perf_counter()
     if not stream:
         r = await client.post("/v1/completions", json=body)
@@ -141,13 +144,42 @@ async def ttft_under_load(url: str, probe_prompt: str, probes: int, background: 
         return times
 
 
-def in_process_latency(served: ServedModel, prompt: str, max_tokens: int, seed: int) -> float:
+class WritableOnly:
+    """The decoder the server effectively runs: logits cut to the ids the tokenizer can write (the
+    server never samples past them) and EOS biased by -100 (the requests' ``logit_bias``), so the
+    peer draws exactly the server's tokens for a seed."""
+
+    def __init__(self, decoder: CausalLMDecoder, writable: int) -> None:
+        self.decoder, self.writable = decoder, writable
+
+    @property
+    def vocab_size(self) -> int:
+        return self.writable
+
+    def start(self, ids, mask=None, *, max_new_tokens=None):  # type: ignore[no-untyped-def]
+        state, logits = self.decoder.start(ids, mask, max_new_tokens=max_new_tokens)
+        return state, self._cut(logits)
+
+    def step(self, tokens, state):  # type: ignore[no-untyped-def]
+        return self._cut(self.decoder.step(tokens, state))
+
+    def _cut(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits[:, : self.writable].float().clone()
+        logits[:, EOS_ID] -= 100  # the requests' logit_bias
+        return logits
+
+    def reorder(self, state, index):  # type: ignore[no-untyped-def]
+        self.decoder.reorder(state, index)
+
+
+def in_process_latency(served: ServedModel, prompt: str, max_tokens: int, seed: int) -> tuple[float, int]:
+    """``generate`` in this process, one request: (seconds, tokens generated)."""
     ids = torch.tensor([served.src_tokenizer.encode(prompt)])
+    decoder = WritableOnly(CausalLMDecoder(served.model), served.tgt_tokenizer.vocab_size)  # type: ignore[arg-type]
     start = time.perf_counter()
-    out = generate(CausalLMDecoder(served.model), ids, None, GenerationConfig(max_new_tokens=max_tokens),  # type: ignore[arg-type]
-                   generator=torch.Generator().manual_seed(seed))
+    out = generate(decoder, ids, None, GenerationConfig(max_new_tokens=max_tokens), generator=torch.Generator().manual_seed(seed))
     served.tgt_tokenizer.decode(out.sequences()[0])
-    return time.perf_counter() - start
+    return time.perf_counter() - start, int(out.lengths[0])
 
 
 def gpt2_shaped(work_dir: Path, reference: str) -> str:
@@ -183,8 +215,13 @@ def run(checkpoint: str, name: str, args: argparse.Namespace) -> Result:
             result.batched_tok_s.append(asyncio.run(throughput(url, args.clients, args.per_client, "\n", max_tokens, r)))
             print(f"  round {r}: 1 client {result.single_tok_s[-1]:.1f} tok/s, {args.clients} clients {result.batched_tok_s[-1]:.1f} tok/s", flush=True)
         for r in range(args.rounds):
-            result.in_process_latency_s.append(in_process_latency(served, "\n", max_tokens, r))
-            result.server_latency_s.append(asyncio.run(_single(url, "\n", max_tokens, r)))
+            seconds, tokens = in_process_latency(served, "\n", max_tokens, r)
+            result.in_process_latency_s.append(seconds)
+            seconds, served_tokens = asyncio.run(_single(url, "\n", max_tokens, r))
+            result.server_latency_s.append(seconds)
+            if served_tokens != tokens:
+                raise RuntimeError(f"the server generated {served_tokens} tokens, generate {tokens}: the latencies are not comparable")
+            result.tokens_per_request.append(tokens)
     finally:
         proc.terminate()
         proc.wait(60)
@@ -199,9 +236,10 @@ def run(checkpoint: str, name: str, args: argparse.Namespace) -> Result:
     return result
 
 
-async def _single(url: str, prompt: str, max_tokens: int, seed: int) -> float:
+async def _single(url: str, prompt: str, max_tokens: int, seed: int) -> tuple[float, int]:
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        return (await request(client, prompt, max_tokens, seed))[1]
+        _, total, tokens = await request(client, prompt, max_tokens, seed)
+        return total, tokens
 
 
 def main(argv: list[str] | None = None) -> list[Result]:

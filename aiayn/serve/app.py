@@ -141,7 +141,7 @@ def create_app(
     async def completions(body: CompletionRequest) -> Any:
         served, engine = state.need("/v1/completions")
         checks.check_model_name(body.model, served)
-        job = _submit(engine, checks.completion(body, served), len(_as_list(body.prompt)))
+        job = _submit(engine, checks.completion(body, served), len(_as_list(body.prompt)), body.stream)
         make = _completion_maker(served.name, "text_completion", "cmpl")
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return await _respond(job, make, body.stream, include_usage)
@@ -150,7 +150,7 @@ def create_app(
     async def translations(body: TranslationRequest) -> Any:
         served, engine = state.need("/v1/translations")
         checks.check_model_name(body.model, served)
-        job = _submit(engine, checks.translation(body, served), len(_as_list(body.text)))
+        job = _submit(engine, checks.translation(body, served), len(_as_list(body.text)), body.stream)
         return await _respond(job, _completion_maker(served.name, "translation", "tr"), body.stream, body.stream)
 
     @app.post("/v1/classifications")
@@ -184,8 +184,8 @@ def _as_list(given: str | list[str]) -> list[str]:
     return [given] if isinstance(given, str) else given
 
 
-def _submit(engine: Worker, payload: Any, n_outputs: int) -> Job:
-    return engine.submit(Job(payload, n_outputs, asyncio.get_running_loop()))
+def _submit(engine: Worker, payload: Any, n_outputs: int, stream: bool = False) -> Job:
+    return engine.submit(Job(payload, n_outputs, asyncio.get_running_loop(), stream=stream))
 
 
 async def _collect(job: Job) -> list[dict[str, Any]]:

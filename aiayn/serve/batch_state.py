@@ -19,6 +19,12 @@ from aiayn.nn.cache import KVCache, LayerCache
 __all__ = ["join", "restore", "snapshot", "subset", "trim"]
 
 
+def joinable(cache: KVCache) -> bool:
+    """Whether rows with this kind of cache can join and leave a batch: growing full-attention
+    key/value caches only (a ring buffer or a recurrent state would need its own surgery)."""
+    return cache.cross_attn is None and all(type(layer) is LayerCache and layer.max_len is None for layer in cache.self_attn)
+
+
 def join(a: DecodeState, b: DecodeState, pad_id: int) -> DecodeState:
     """Rows of ``a`` then rows of ``b`` in one state, both left-padded to the wider one's width."""
     width = max(_width(a), _width(b))

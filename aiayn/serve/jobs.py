@@ -24,14 +24,15 @@ TOKEN, DONE, ERROR = "token", "done", "error"
 
 
 class Job:
-    """One HTTP request's work: ``payload`` (engine-specific), an event queue read by the handler.
+    """One HTTP request's work: ``payload`` (engine-specific), an event queue read by the handler;
+    ``stream``: the client reads the text as it comes (else TOKEN events are not sent).
 
     Events are tuples: ``(TOKEN, index, text)``, ``(DONE, index, result)`` once per output row,
     ``(ERROR, APIError)`` once (then nothing more).
     """
 
-    def __init__(self, payload: Any, n_outputs: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.payload, self.n_outputs, self.loop = payload, n_outputs, loop
+    def __init__(self, payload: Any, n_outputs: int, loop: asyncio.AbstractEventLoop, *, stream: bool = False) -> None:
+        self.payload, self.n_outputs, self.loop, self.stream = payload, n_outputs, loop, stream
         self.events: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.failed = False

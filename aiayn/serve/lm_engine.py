@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Completion:
     """A validated completion request: token ids per prompt and the sampling settings.
-    ``temperature == 0`` is greedy; ``top_p == 1`` keeps the whole distribution."""
+    ``temperature == 0`` is greedy; ``top_p == 1`` keeps the whole distribution; ``logit_bias`` is
+    added to the logits first (OpenAI's field)."""
 
     prompts: list[list[int]]
     max_tokens: int
@@ -46,6 +47,7 @@ class Completion:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit); -100 bans a token
 
 
 @dataclass(eq=False)
@@ -73,6 +75,9 @@ class LMEngine(Worker):
         self.device = next(served.model.parameters()).device
         self.pad_id = served.config.pad_id if served.config.pad_id is not None else 0
         self.writable = served.tgt_tokenizer.vocab_size
+        if not batch_state.joinable(served.model.new_cache()):  # type: ignore[operator]
+            log.warning("this model's decode caches cannot be joined into a batch: serving one sequence at a time (--max-batch 1)")
+            self.max_batch = 1
         self.waiting: deque[_Row] = deque()
         self.rows: list[_Row] = []
         self.state: DecodeState | None = None
@@ -128,7 +133,7 @@ class LMEngine(Worker):
         except Exception as e:  # noqa: BLE001
             batch_state.restore(self.state, saved)
             log.warning("a batched step failed (%s: %s); retrying row by row", type(e).__name__, e)
-            culprits = self._culprits(tokens)
+            culprits = self._culprits(tokens) if len(self.rows) > 1 else [(0, e)]
             for i, error in culprits or [(i, e) for i in range(len(self.rows))]:
                 self.rows[i].job.fail(ModelFailure(error))
         keep = [i for i, row in enumerate(self.rows) if not row.job.dead]
@@ -184,50 +189,63 @@ class LMEngine(Worker):
         """The next token of ``row`` from its ``logits (V,)``: greedy at temperature 0, else sampled."""
         request: Completion = row.job.payload
         logits = logits[: self.writable]  # a vocabulary padded past the tokenizer's ids: never emit what cannot be written
+        if request.logit_bias:
+            logits = logits.float().clone()
+            for token, bias in request.logit_bias:
+                logits[token] += bias
         if request.temperature == 0:
             return int(logits.argmax())
         top_p = request.top_p if request.top_p < 1 else None
         return int(sample(logits_to_probs(logits[None], request.temperature, None, top_p), row.generator)[0])
 
     def _emit(self, row: _Row, token: int) -> bool:
-        """Record ``token`` for ``row``, send the new text; return whether the row is finished."""
+        """Record ``token`` for ``row``, stream the new text; return whether the row is finished.
+
+        The text is decoded every step only when it is needed then (a stream, or stop strings);
+        a plain request decodes once, at its end."""
         job, request = row.job, row.job.payload
         assert isinstance(request, Completion)
         self.metrics.tokens.labels("completion").inc()
         if job.first_token_at is None:
             job.first_token_at = time.perf_counter()
             self.metrics.time_to_first_token.observe(job.first_token_at - job.arrived)
-        finish = None
+        decode = self.served.tgt_tokenizer.decode
+        finish, text = None, None
         if token == EOS_ID:
-            finish = "stop"
-            text = self.served.tgt_tokenizer.decode(row.ids) if row.ids else ""
+            finish, text = "stop", decode(row.ids) if row.ids else ""
             row.ids.append(token)
-            n_generated = len(row.ids)
         else:
             row.ids.append(token)
-            n_generated = len(row.ids)
-            text = self.served.tgt_tokenizer.decode(row.ids)
-            cut = _first_stop(text, request.stop, len(row.sent))
-            if cut is not None:
-                text, finish = text[:cut], "stop"
-            elif n_generated >= request.max_tokens:
+            if job.stream or request.stop:
+                text = decode(row.ids)
+                cut = _first_stop(text, request.stop, len(row.sent))
+                if cut is not None:
+                    text, finish = text[:cut], "stop"
+            if finish is None and len(row.ids) >= request.max_tokens:
                 finish = "length"
-        if finish is None:
-            # Hold back an incomplete UTF-8 character, and what could be the start of a stop string.
-            hold = max((len(s) - 1 for s in request.stop), default=0)
+        if finish is not None and text is None:
+            text = decode(row.ids)
+        if job.stream and text is not None:
+            self._stream(row, text, finished=finish is not None)
+        row.next = token
+        if finish is not None:
+            job.emit(DONE, row.index, {"finish_reason": finish, "text": text, "prompt_tokens": len(row.prompt), "completion_tokens": len(row.ids)})
+            return True
+        return job.dead
+
+    @staticmethod
+    def _stream(row: _Row, text: str, finished: bool) -> None:
+        """Send what ``text`` adds to the text already sent, holding back an incomplete UTF-8 character
+        and what could still become a stop string."""
+        visible = text
+        if not finished:
+            hold = max((len(s) - 1 for s in row.job.payload.stop), default=0)
             visible = text[: len(text) - hold] if hold else text
             if visible.endswith("\ufffd"):
                 visible = row.sent
-        else:
-            visible = text
         if visible.startswith(row.sent) and len(visible) > len(row.sent):
-            job.emit(TOKEN, row.index, visible[len(row.sent):])
+            row.job.emit(TOKEN, row.index, visible[len(row.sent):])
             row.sent = visible
-        row.next = token
-        if finish is not None:
-            job.emit(DONE, row.index, {"finish_reason": finish, "text": text, "prompt_tokens": len(row.prompt), "completion_tokens": n_generated})
-            return True
-        return job.dead
 
 
 def _first_stop(text: str, stops: tuple[str, ...], sent: int) -> int | None:

@@ -55,7 +55,20 @@ def completion(body: CompletionRequest, served: ServedModel) -> Completion:
     if len(stops) > MAX_STOPS or any(not s for s in stops):
         raise bad_field("stop", body.stop, f"must be at most {MAX_STOPS} non-empty strings")
     seed = body.seed if body.seed is not None else secrets.randbits(63)
-    return Completion(ids, body.max_tokens, body.temperature, body.top_p, stops, seed)
+    return Completion(ids, body.max_tokens, body.temperature, body.top_p, stops, seed, _logit_bias(body.logit_bias, served))
+
+
+def _logit_bias(given: dict[str, float] | None, served: ServedModel) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: token ids (as strings) the tokenizer can write, biases in [-100, 100]."""
+    vocab = served.tgt_tokenizer.vocab_size
+    out = []
+    for key, bias in (given or {}).items():
+        if not key.isdigit() or int(key) >= vocab:
+            raise bad_field("logit_bias", {key: bias}, f"must map token ids (0..{vocab - 1}, as strings) to biases")
+        if not -100 <= bias <= 100:
+            raise bad_field("logit_bias", {key: bias}, "biases must be in [-100, 100]")
+        out.append((int(key), float(bias)))
+    return tuple(out)
 
 
 def translation(body: TranslationRequest, served: ServedModel) -> Translation:

@@ -49,6 +49,7 @@ class CompletionRequest(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> a bias in [-100, 100] added to its logit
     # OpenAI fields this server does not implement: accepted only at their neutral value.
     n: int = 1
     best_of: int | None = None
@@ -57,7 +58,6 @@ class CompletionRequest(_Request):
     suffix: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
 
 
 # field -> (values that mean "not used", why it is refused otherwise)
@@ -69,7 +69,6 @@ UNSUPPORTED_COMPLETION_FIELDS: dict[str, tuple[tuple[object, ...], str]] = {
     "suffix": ((None, ""), "is not supported: this server does not insert text"),
     "presence_penalty": ((0, 0.0), "is not supported (must be 0)"),
     "frequency_penalty": ((0, 0.0), "is not supported (must be 0)"),
-    "logit_bias": ((None,), "is not supported"),
 }
 
 

@@ -128,5 +128,5 @@ class Seq2SeqEngine(Worker):
         if job.first_token_at is None:
             job.first_token_at = time.perf_counter()
             self.metrics.time_to_first_token.observe(job.first_token_at - job.arrived)
-        if piece:
+        if piece and job.stream:
             job.emit(TOKEN, row[1], piece)

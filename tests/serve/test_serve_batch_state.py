@@ -74,3 +74,9 @@ def test_subset_and_restore_leave_the_batch_as_it_was():
     again = decoder.step(torch.tensor([10, 11]), state)
     torch.testing.assert_close(again, before)
     torch.testing.assert_close(alone[0], before[1], atol=2e-5, rtol=1e-4)
+
+
+def test_only_growing_full_attention_caches_are_joinable():
+    model = build_model("tiny-decoder-only", vocab_size=40, max_len=64).eval()
+    assert batch_state.joinable(model.new_cache())
+    assert not batch_state.joinable(model.new_cache(max_len=16))  # a static cache

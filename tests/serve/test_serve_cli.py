@@ -113,6 +113,7 @@ def test_bad_flags_name_the_flag(checkpoint):
             main(["serve", "--checkpoint", checkpoint, *flags])
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_ends_the_process_with_its_error(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(tmp_path / "nothing"), "--port", "0"],

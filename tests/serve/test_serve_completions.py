@@ -78,6 +78,14 @@ def test_a_request_gets_the_same_tokens_alone_and_in_a_batch(serve, lm_model):
     assert alone == [reference_completion(lm_model, p, 20 + 3 * i, 100 + i)[0] for i, p in enumerate(prompts)]
 
 
+def test_logit_bias(lm_server, tokenizer):
+    z = tokenizer.encode("Z")[0]
+    out = client(lm_server).completions.create(model="tiny", prompt="a cat", max_tokens=10, seed=2, logit_bias={str(z): 100})
+    assert out.choices[0].text == "Z" * 10
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client(lm_server).completions.create(model="tiny", prompt="a", max_tokens=2, logit_bias={"99999": 1})
+
+
 @pytest.mark.parametrize("kwargs, param, words", [
     ({"max_tokens": 0}, "max_tokens", ["0", "greater than 0"]),
     ({"max_tokens": 500}, "max_tokens", ["500", "context", "<= 60"]),

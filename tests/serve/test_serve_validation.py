@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 from conftest import served_model
-from serve_helpers import slow_down, sse_events
+from serve_helpers import reference_completion, slow_down, sse_events
 
 GOOD = {"prompt": "a cat", "max_tokens": 3, "seed": 0}
 
@@ -58,12 +58,14 @@ def test_body_over_the_limit_gets_413(serve, lm_model):
 
 def test_full_queue_gets_429(serve, tokenizer):
     served = served_model(tokenizer, "tiny-decoder-only", max_len=64)
+    assert reference_completion(served, "a", 60, 0, temperature=0)[1] == "length"  # greedy: the running request cannot end early
     slow_down(served, 0.02)
     server = serve(served, max_batch=1, max_queue=1)
     results = {}
 
     def stream(name, max_tokens):
-        with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "a", "max_tokens": max_tokens, "stream": True}, timeout=60) as r:
+        body = {"prompt": "a", "max_tokens": max_tokens, "stream": True, "temperature": 0}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
             results[name] = (r.status_code, sse_events(r.iter_lines()))
 
     running = threading.Thread(target=stream, args=("running", 60))
@@ -111,7 +113,7 @@ def test_disconnect_mid_stream_frees_the_slot_at_once(serve, tokenizer):
     served = served_model(tokenizer, "tiny-decoder-only", max_len=64)
     slow_down(served, 0.05)  # the abandoned request alone would hold the only slot for 60 x 50 ms = 3 s
     server = serve(served, max_batch=1)
-    with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 60, "stream": True}, timeout=30) as r:
+    with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 60, "stream": True, "temperature": 0}, timeout=30) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
     start = time.perf_counter()
