@@ -39,7 +39,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "local-16": {"attention": "local", "window": 16},
     "local-32": {"attention": "local", "window": 32},
     "linear": {"attention": "linear"},
-    "ssm": {"mixer": "ssm"},
+    "ssm": {"mixer": "ssm", "ssm_state": 8},
 }
 RECALL_VARIANTS = ("softmax", "linear", "ssm")
 LOSS_MARGIN = 0.15  # nats per character: "little" quality lost
@@ -90,7 +90,7 @@ def _text_quality(quick: bool, seed: int) -> dict[str, Any]:
     from aiayn.tokenization.char import CharTokenizer
 
     train_text, val_text, source = _shakespeare(quick)
-    context, d_model, n_layers, steps, batch = (32, 16, 1, 4, 4) if quick else (64, 64, 2, 600, 32)
+    context, d_model, n_layers, steps, batch = (32, 16, 1, 4, 4) if quick else (64, 32, 2, 150, 16)
     tokenizer = CharTokenizer.train([train_text + val_text])
     train_ids = torch.tensor(tokenizer.encode(train_text))
     val_ids = torch.tensor(tokenizer.encode(val_text))
@@ -142,9 +142,9 @@ def recall_batch(batch: int, pairs: int, n_keys: int, n_values: int, generator: 
 
 
 def _recall(quick: bool, seed: int) -> dict[str, Any]:
-    pair_counts = (2, 4) if quick else (4, 16, 32)
-    n_keys, n_values = (8, 8) if quick else (64, 64)
-    d_model, n_layers, steps, batch = (16, 2, 4, 8) if quick else (64, 2, 1200, 64)
+    pair_counts = (2, 4) if quick else (4, 16)
+    n_keys, n_values = (8, 8) if quick else (32, 32)
+    d_model, n_layers, steps, batch = (16, 2, 4, 8) if quick else (32, 2, 300, 32)
     results: dict[str, dict[str, float]] = {variant: {} for variant in RECALL_VARIANTS}
     for pairs in pair_counts:
         for variant in RECALL_VARIANTS:
@@ -154,7 +154,7 @@ def _recall(quick: bool, seed: int) -> dict[str, Any]:
             _train(model, lambda: recall_batch(batch, pairs, n_keys, n_values, generator), steps, lr=3e-3)
             model.eval()
             with torch.no_grad():
-                x, y = recall_batch(1000 if not quick else 16, pairs, n_keys, n_values, torch.Generator().manual_seed(seed + 1))
+                x, y = recall_batch(500 if not quick else 16, pairs, n_keys, n_values, torch.Generator().manual_seed(seed + 1))
                 accuracy = (model(x)[:, -1].argmax(dim=-1) == y[:, -1]).float().mean().item()
             results[variant][str(pairs)] = accuracy
     return {"pairs": list(pair_counts), "n_keys": n_keys, "n_values": n_values, "d_model": d_model, "n_layers": n_layers,

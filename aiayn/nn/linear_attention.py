@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-SEGMENT = 1024  # positions per recomputed segment when training on long sequences
+SEGMENT = 256  # positions per recomputed segment when training on long sequences
 
 __all__ = [
     "feature_map",

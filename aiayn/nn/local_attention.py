@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from aiayn.nn.attention import scaled_dot_product_attention
 
-GROUP_QUERIES = 1024  # queries per recomputed group when training on long sequences
+GROUP_QUERIES = 256  # queries per recomputed group when training on long sequences
 
 __all__ = ["window_mask", "local_attention", "local_attention_reference", "RingBufferCache", "window_sides"]
 
@@ -86,26 +86,27 @@ def local_attention(
     before = -(-left // size)  # key blocks to the left of a query block that the window can reach
     after = -(-right // size)
     n_blocks = -(-n // size)
-    padded = n_blocks * size
-    reach = before + after  # extra key blocks a group of query blocks needs beyond its own
+    reach = before + after  # key blocks a query block needs beyond its own
+    valid = torch.ones(1, n, dtype=torch.bool, device=q.device) if key_mask is None else key_mask  # (B|1, n)
+    # Which (query, key) offsets are inside the window: the same (P, span) band for every block.
+    row = torch.arange(size, device=q.device)[:, None]  # query offset in its block
+    col = torch.arange((reach + 1) * size, device=q.device)[None, :] - before * size  # key offset from the block start
+    band = (col - row >= -left) & (col - row <= right)
+    half = q.dtype in (torch.float16, torch.bfloat16)
 
-    # Pad so that block b's neighbourhood is blocks b .. b + reach of the padded keys; padding is
-    # never attended (its validity is False).
-    q_pad = F.pad(q * head_dim**-0.5, (0, 0, 0, padded - n))  # scaled by 1/sqrt(d_k) here: n*D work, not n*span
-    k_pad = F.pad(k, (0, 0, before * size, padded - n + after * size))
-    v_pad = F.pad(v, (0, 0, before * size, padded - n + after * size))
-    valid = torch.ones(1, n, dtype=torch.bool, device=q.device) if key_mask is None else key_mask
-    valid = F.pad(valid, (before * size, padded - n + after * size), value=False)  # (B|1, n padded)
-
-    def attend_blocks(q_g: Tensor, k_g: Tensor, v_g: Tensor, valid_g: Tensor) -> Tensor:
-        """Query blocks ``q_g (B, H, m P, D)`` over their keys ``k_g, v_g (B, H, (m + reach) P, D)``."""
+    def attend_blocks(q_g: Tensor, k_g: Tensor, v_g: Tensor, valid_g: Tensor, pad_q: int, pad_lo: int, pad_hi: int) -> Tensor:
+        """A run of ``m`` query blocks over the keys they can see. The zero padding at both ends (never
+        attended: its validity is False) is added here, so only one run's padded copies exist at a time."""
+        q_g = F.pad(q_g * head_dim**-0.5, (0, 0, 0, pad_q))  # scaled by 1/sqrt(d_k) here: n*D work, not n*span
+        k_g, v_g = (F.pad(x, (0, 0, pad_lo, pad_hi)) for x in (k_g, v_g))  # (B, H, (m + reach) P, D)
+        valid_g = F.pad(valid_g, (pad_lo, pad_hi), value=False)
         m = q_g.shape[2] // size
 
         def neighbours(x: Tensor) -> Tensor:  # (..., (m + reach) P, E) -> (..., m, span, E), blocks side by side
             blocks = x.reshape(*x.shape[:-2], m + reach, size, x.shape[-1])
             return torch.cat([blocks[..., o : o + m, :, :] for o in range(reach + 1)], dim=-2)
 
-        scores = q_g.reshape(batch, heads, m, size, head_dim) @ neighbours(k_g).transpose(-1, -2)  # (B, H, m, P, span)
+        scores = q_g.view(batch, heads, m, size, head_dim) @ neighbours(k_g).transpose(-1, -2)  # (B, H, m, P, span)
         allowed = band[None] & neighbours(valid_g[..., None])[..., None, :, 0]  # (B|1, m, P, span)
         has_key = allowed.any(dim=-1, keepdim=True)
         allowed = (allowed | ~has_key)[:, None]  # empty rows attend anywhere, then are zeroed
@@ -116,27 +117,20 @@ def local_attention(
         out = (weights @ neighbours(v_g)).masked_fill(~has_key[:, None], 0.0)  # (B, H, m, P, Dv)
         return out.reshape(batch, heads, m * size, v.shape[-1])
 
-    # Which (query, key) offsets are inside the window: the same (P, span) band for every block.
-    row = torch.arange(size, device=q.device)[:, None]  # query offset in its block
-    col = torch.arange((reach + 1) * size, device=q.device)[None, :] - before * size  # key offset from the block start
-    band = (col - row >= -left) & (col - row <= right)
-    half = q.dtype in (torch.float16, torch.bfloat16)
-
-    # Training on long sequences: groups of blocks, each recomputed in the backward pass
-    # (activation checkpointing), so that only one group's scores exist at a time: memory O(n D),
-    # like the fused SDPA kernel, instead of O(n w).
-    group = max(1, GROUP_QUERIES // size)
-    if n_blocks <= group or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return attend_blocks(q_pad, k_pad, v_pad, valid)[:, :, :n]
+    # Training on long sequences: runs of blocks, each recomputed in the backward pass (activation
+    # checkpointing), so that only one run's scores exist at a time: memory O(n D), like the fused
+    # SDPA kernel, instead of O(n w).
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    step = max(1, GROUP_QUERIES // size) if training else n_blocks
     outs = []
-    for first in range(0, n_blocks, group):
-        last = min(first + group, n_blocks)
-        keys = slice(first * size, (last + reach) * size)
-        outs.append(checkpoint(
-            attend_blocks, q_pad[:, :, first * size : last * size], k_pad[:, :, keys], v_pad[:, :, keys],
-            valid[:, keys], use_reentrant=False,
-        ))
-    return torch.cat(outs, dim=2)[:, :, :n]
+    for first in range(0, n_blocks, step):
+        last = min(first + step, n_blocks)
+        start, end = (first - before) * size, (last + after) * size  # the keys this run of blocks can see
+        keys = slice(max(start, 0), min(end, n))
+        args = (q[:, :, first * size : last * size], k[:, :, keys], v[:, :, keys], valid[:, keys],
+                max(0, last * size - n), max(0, -start), end - min(end, n))
+        outs.append(attend_blocks(*args) if step >= n_blocks else checkpoint(attend_blocks, *args, use_reentrant=False))
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))[:, :, :n]  # drop the padded queries
 
 
 class RingBufferCache:

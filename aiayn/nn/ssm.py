@@ -7,9 +7,9 @@ Per channel of the expanded input, a linear recurrence over time with a state of
 "Selective": the step size ``dt_t`` and the vectors ``B_t``, ``C_t`` are computed from the input,
 so the layer chooses what to keep and what to forget. Around it, as in Mamba: an input projection
 to two branches, a causal depthwise convolution and SiLU on one, the SiLU of the other as a gate,
-and an output projection. The scan here is the sequential reference in plain PyTorch (no custom
-kernel): ``O(n)`` steps, a constant-size state, and generation continues from that state
-(:class:`SSMState`) at constant cost per token.
+and an output projection. The scan is plain PyTorch (no custom kernel): a doubling prefix scan
+(``log2 n`` vectorised steps), checked against the step-by-step loop; a constant-size state, and
+generation continues from that state (:class:`SSMState`) at constant cost per token.
 """
 
 from __future__ import annotations
@@ -20,19 +20,43 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["SelectiveSSM", "SSMState", "selective_scan"]
+__all__ = ["SelectiveSSM", "SSMState", "selective_scan", "selective_scan_sequential"]
 
 
 def selective_scan(
     u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, h0: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """The recurrence above, step by step: ``u, dt (B, T, E)``, ``a (E, N)``, ``b, c (B, T, N)``, ``d (E,)``.
+    """The recurrence above for every step at once: ``u, dt (B, T, E)``, ``a (E, N)``, ``b, c (B, T, N)``, ``d (E,)``.
 
-    ``h0``: ``(B, E, N)`` state to start from (zeros if ``None``). Returns ``(y (B, T, E), h_T (B, E, N))``.
+    ``h_t = decay_t h_{t-1} + drive_t`` is a linear recurrence, so it is a prefix scan over the
+    pairs ``(decay, drive)`` with ``(a2, b2) o (a1, b1) = (a2 a1, a2 b1 + b2)``; the doubling scan
+    (Hillis and Steele) takes ``log2 T`` vectorised steps instead of ``T`` small ones, and only ever
+    multiplies decays in ``(0, 1]`` (no overflow). :func:`selective_scan_sequential` is the loop it
+    must equal. ``h0``: ``(B, E, N)`` state to start from (zeros if ``None``).
+    Returns ``(y (B, T, E), h_T (B, E, N))``.
     """
-    batch, length, channels = u.shape
     decay = torch.exp(dt[..., None] * a)  # (B, T, E, N): exp(dt A), the zero-order-hold discretisation
     drive = (dt * u)[..., None] * b[:, :, None, :]  # (B, T, E, N): dt B x (Mamba's simplified B discretisation)
+    if h0 is not None and u.shape[1] > 0:
+        drive = torch.cat([drive[:, :1] + decay[:, :1] * h0[:, None], drive[:, 1:]], dim=1)
+    length, shift = u.shape[1], 1
+    while shift < length:  # after this step, position t holds the composition of steps t - 2 shift + 1 .. t
+        drive = torch.cat([drive[:, :shift], decay[:, shift:] * drive[:, :-shift] + drive[:, shift:]], dim=1)
+        decay = torch.cat([decay[:, :shift], decay[:, shift:] * decay[:, :-shift]], dim=1)
+        shift *= 2
+    h = drive  # (B, T, E, N): every state h_1 .. h_T
+    y = (h * c[:, :, None, :]).sum(dim=-1)  # (B, T, E)
+    last = h[:, -1] if length > 0 else (u.new_zeros(u.shape[0], u.shape[2], a.shape[1]) if h0 is None else h0)
+    return y + u * d, last
+
+
+def selective_scan_sequential(
+    u: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, h0: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The same recurrence one step at a time: the reference :func:`selective_scan` is tested against."""
+    batch, length, channels = u.shape
+    decay = torch.exp(dt[..., None] * a)
+    drive = (dt * u)[..., None] * b[:, :, None, :]
     h = u.new_zeros(batch, channels, a.shape[1]) if h0 is None else h0
     ys = []
     for t in range(length):

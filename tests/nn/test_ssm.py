@@ -2,7 +2,9 @@
 
 import torch
 
-from aiayn.nn.ssm import SelectiveSSM, selective_scan
+import pytest
+
+from aiayn.nn.ssm import SelectiveSSM, selective_scan, selective_scan_sequential
 
 
 def layer(seed=0, dtype=torch.float32):
@@ -44,6 +46,23 @@ def test_scan_equals_the_recurrence_written_out():
             expected = (state[e] * c[0, t]).sum() + d[e] * u[0, t, e]
             torch.testing.assert_close(y[0, t, e], expected)
     torch.testing.assert_close(h[0], state)
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 16, 33])
+def test_doubling_scan_equals_the_loop_forward_and_backward(length):
+    g = torch.Generator().manual_seed(length)
+    u, dt = torch.randn(2, length, 3, generator=g, dtype=torch.float64), torch.rand(2, length, 3, generator=g, dtype=torch.float64)
+    a = -torch.rand(3, 4, generator=g, dtype=torch.float64) * 4
+    b, c = torch.randn(2, length, 4, generator=g, dtype=torch.float64), torch.randn(2, length, 4, generator=g, dtype=torch.float64)
+    d, h0 = torch.randn(3, generator=g, dtype=torch.float64), torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    inputs = [t.requires_grad_() for t in (u, dt, a, b, c, d, h0)]
+    fast, fast_h = selective_scan(*inputs)
+    slow, slow_h = selective_scan_sequential(*inputs)
+    torch.testing.assert_close(fast, slow)
+    torch.testing.assert_close(fast_h, slow_h)
+    weight = torch.randn_like(fast)
+    for x, y in zip(torch.autograd.grad((fast * weight).sum() + fast_h.sum(), inputs), torch.autograd.grad((slow * weight).sum() + slow_h.sum(), inputs)):
+        torch.testing.assert_close(x, y)
 
 
 def test_gradcheck_float64():
