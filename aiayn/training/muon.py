@@ -30,7 +30,8 @@ def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
         if isinstance(module, PositionalEncoding):
             tables.update(id(p) for p in module.parameters())
     matrices -= tables
-    muon, rest = [], []
+    muon: list[str] = []
+    rest: list[str] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (muon if id(p) in matrices else rest).append(name)
