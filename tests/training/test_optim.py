@@ -106,7 +106,7 @@ def test_schedule_config_validation(kwargs: dict, message: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"name": "sgd"}, r"name must be one of adam, adamw, got 'sgd'"),
+        ({"name": "sgd"}, r"name must be one of adam, adamw, muon, got 'sgd'"),
         ({"lr": 0.0}, r"lr must be a finite number > 0.0, got 0.0"),
         ({"lr": float("nan")}, r"lr must be a finite number > 0.0, got nan"),
         ({"betas": (0.9, 1.0)}, r"betas must be a tuple of two numbers in \[0, 1\), got \(0.9, 1.0\)"),
@@ -174,7 +174,7 @@ def test_build_optimizer_errors() -> None:
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="model Linear has no trainable parameters"):
         build_optimizer(frozen, name="adam", lr=1.0)
-    with pytest.raises(ValueError, match="name must be one of adam, adamw, got 'sgd'"):
+    with pytest.raises(ValueError, match="name must be one of adam, adamw, muon, got 'sgd'"):
         build_optimizer(nn.Linear(2, 2), name="sgd", lr=1.0)  # type: ignore[arg-type]
 
 
