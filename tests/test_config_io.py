@@ -139,7 +139,7 @@ def test_ints_become_floats_and_unions_pick_the_matching_type() -> None:
 def test_literal_outside_its_set_lists_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"model.kind: expected one of 'pre', 'post', got 'pos' \(did you mean 'post'\?\)"):
         from_dict(Run, {"model": {"kind": "pos"}})
-    with pytest.raises(ValueError, match=r"optim.name: expected one of 'adam', 'adamw', got 'sgd'"):
+    with pytest.raises(ValueError, match=r"optim.name: expected one of 'adam', 'adamw', 'muon', got 'sgd'"):
         from_dict(Run, {"optim": {"name": "sgd"}})
 
 

@@ -182,8 +182,8 @@ def load_sharded_state(path: str | os.PathLike[str], model: nn.Module, optimizer
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=Path(path) / SHARDED_DIR)
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=Path(path) / SHARDED_DIR)  # tensors in place; other values replaced in ``state``
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 

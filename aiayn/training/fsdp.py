@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from aiayn.nn.positional import PositionalEncoding
 from aiayn.training.activation_checkpointing import transformer_blocks
 
 __all__ = ["shard_model", "check_under_torchrun"]
@@ -39,7 +40,10 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
         raise ValueError(f"train.parallel='fsdp' shards Transformer blocks; {type(model).__name__} has none")
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    # A position module (a learned table) is shared by the embedding and every block's attention:
+    # it belongs to the root unit, which is gathered whenever the model runs.
+    shared = {p for m in model.modules() if isinstance(m, PositionalEncoding) for p in m.parameters()}
     for block in blocks:
-        fully_shard(block, mp_policy=policy, offload_policy=offload)
+        fully_shard(block, mp_policy=policy, offload_policy=offload, ignored_params=shared or None)
     fully_shard(model, mp_policy=policy, offload_policy=offload)
     return len(blocks)

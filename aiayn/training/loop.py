@@ -128,7 +128,6 @@ def _rank_state(checkpoint: Checkpoint, rank: int, world_size: int, *, resplit: 
         return checkpoint.trainer.data or {}
     state = checkpoint.ranks.get(rank)
     if state is None:
-        saved = len(checkpoint.ranks) + 1
         raise ValueError(
             f"{checkpoint.path} was saved by {saved} data-parallel rank(s) and holds no state for rank {rank}: "
             f"resume it with --nproc_per_node={saved}, or start a new run (train.init_from) to change the world size"

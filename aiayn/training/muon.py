@@ -15,17 +15,23 @@ import torch
 from torch import nn
 
 from aiayn.nn.blocks import TransformerLayer
+from aiayn.nn.positional import PositionalEncoding
 
 __all__ = ["MuonWithAdamW", "muon_split"]
 
 
 def muon_split(model: nn.Module) -> tuple[list[str], list[str]]:
-    """(names for Muon, names for AdamW): Muon takes the 2-D weights inside the Transformer blocks."""
+    """(names for Muon, names for AdamW): Muon takes the 2-D weights of the Transformer blocks' linear maps."""
     matrices: set[int] = set()
+    tables: set[int] = set()  # a position table reaches the blocks through their attention, but is no matrix
     for module in model.modules():
         if isinstance(module, TransformerLayer):
             matrices.update(id(p) for p in module.parameters() if p.ndim == 2)
-    muon, rest = [], []
+        if isinstance(module, PositionalEncoding):
+            tables.update(id(p) for p in module.parameters())
+    matrices -= tables
+    muon: list[str] = []
+    rest: list[str] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (muon if id(p) in matrices else rest).append(name)

@@ -95,7 +95,7 @@ class TrainStep:
             # DDP: all-reduce the gradients once, after the last micro-batch.
             # (FSDP reduce-scatters after every micro-batch: it has no no_sync.)
             last = i == len(micro) - 1 or not hasattr(self.runner, "no_sync")
-            with contextlib.nullcontext() if last else self.runner.no_sync():  # type: ignore[operator]
+            with contextlib.nullcontext() if last else self.runner.no_sync():  # type: ignore[attr-defined]
                 with self.autocast():
                     loss = self.runner(batch)
                 self.scaler.scale(loss.sum * (self.dist.world_size / targets)).backward()

@@ -28,7 +28,8 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     muon, rest = muon_split(model)
     params = dict(model.named_parameters())
     assert muon and all(params[n].ndim == 2 and n.startswith("decoder.layers.") for n in muon)
-    assert "embed.weight" in rest and all(params[n].ndim < 2 for n in rest if n != "embed.weight")
+    tables = {"embed.weight", "positions.weight"}  # the token and (learned) position tables stay with AdamW
+    assert tables <= set(rest) and all(params[n].ndim < 2 for n in rest if n not in tables)
     optimizer = build_optimizer(model, MUON)
     assert isinstance(optimizer.muon, torch.optim.Muon) and isinstance(optimizer.adamw, torch.optim.AdamW)
     groups = optimizer.param_groups

@@ -102,7 +102,7 @@ def test_schedule_config_validation(kwargs: dict, message: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"name": "sgd"}, r"name='sgd' must be one of \('adam', 'adamw'\)"),
+        ({"name": "sgd"}, r"name='sgd' must be one of \('adam', 'adamw', 'muon'\)"),
         ({"lr": 0.0}, r"lr=0.0 must be a finite number > 0.0"),
         ({"lr": float("nan")}, r"lr=nan must be a finite number > 0.0"),
         ({"betas": (0.9, 1.0)}, r"betas must be a tuple of two numbers in \[0, 1\), got \(0.9, 1.0\)"),
@@ -171,7 +171,7 @@ def test_build_optimizer_errors() -> None:
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="model Linear has no trainable parameters"):
         build_optimizer(frozen, OptimConfig(name="adam", lr=1.0))
-    with pytest.raises(ValueError, match="name='sgd' must be one of \('adam', 'adamw'\)"):
+    with pytest.raises(ValueError, match="name='sgd' must be one of \('adam', 'adamw', 'muon'\)"):
         build_optimizer(nn.Linear(2, 2), OptimConfig(name="sgd", lr=1.0))  # type: ignore[arg-type]
 
 
