@@ -42,11 +42,11 @@ def test_there_are_eight_chapters() -> None:
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
 def test_notebook_is_the_stripped_twin_of_its_markdown(source: Path) -> None:
     notebook = source.with_suffix(".ipynb")
-    assert notebook.is_file(), f"{notebook.name} is missing: run `jupytext --to ipynb {source.name}` in docs/tutorial"
+    assert notebook.is_file(), f"{notebook.name} is missing: run `jupytext --update --to ipynb {source.name}` in docs/tutorial"
     stored = nbformat.read(notebook, as_version=4)
     text = jupytext.read(source)
     assert [(c.cell_type, c.source) for c in stored.cells] == [(c.cell_type, c.source) for c in text.cells], (
-        f"{notebook.name} differs from {source.name}: run `jupytext --sync {source.name}` (or --to ipynb)"
+        f"{notebook.name} differs from {source.name}: run `jupytext --sync {source.name}` (or --update --to ipynb)"
     )
     for cell in stored.cells:
         if cell.cell_type == "code":
