@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from aiayn.api import LoadedModel, load  # noqa: E402
 from aiayn.models import (  # noqa: E402
     PRESETS,
     DecoderOnly,
@@ -13,7 +14,6 @@ from aiayn.models import (  # noqa: E402
     build_model,
     preset,
 )
-from aiayn.api import LoadedModel, load  # noqa: E402
 
 __all__ = [
     "__version__", "build_model", "preset", "PRESETS", "EncoderDecoder", "DecoderOnly", "EncoderOnly",

@@ -24,7 +24,6 @@ from torch import nn
 from aiayn.checkpoint.directory import CONFIG_FILE
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.generation import generate as run_generation
-from aiayn.decoding.translate import translate_sentences
 from aiayn.decoding.text import (
     FilledMask,
     beam_config,
@@ -34,6 +33,7 @@ from aiayn.decoding.text import (
     prompt_ids,
     score_texts,
 )
+from aiayn.decoding.translate import translate_sentences
 from aiayn.models.config import TransformerConfig
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder

@@ -16,9 +16,9 @@ YAML is read with PyYAML's safe loader plus one YAML 1.2 rule: ``5e-4`` and ``1e
 from __future__ import annotations
 
 import dataclasses
-import math
 import difflib
 import functools
+import math
 import os
 import re
 import types

@@ -43,7 +43,7 @@ from aiayn.checkpoint.directory import (
     verify_checkpoint,
 )
 from aiayn.checkpoint.rng_state import RngState, capture_rng_state
-from aiayn.checkpoint.state import BestValue, Checkpoint, RankState, _config_dict, _check_metrics, _rank_files, _trainer_state
+from aiayn.checkpoint.state import BestValue, Checkpoint, RankState, _check_metrics, _config_dict, _rank_files, _trainer_state
 from aiayn.checkpoint.tensor_tree import flatten_tree
 from aiayn.checkpoint.weights import read_safetensors, tensors_to_bytes
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.cli.args import finite_float
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER
+from aiayn.cli.args import finite_float
 from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, precision_options, saved_train_config
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation.held_out import HELD_OUT_SPLITS, NATURAL_TASK, evaluate_held_out

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     src_tok, tgt_tok = members[0].src_tokenizer, members[0].tgt_tokenizer
     assert src_tok is not None and tgt_tok is not None  # load_ensemble checked
     try:
-        results = translate_sentences([m.model for m in members], members[0].src_tokenizer, texts, config,  # type: ignore[misc]
+        results = translate_sentences([m.model for m in members], members[0].src_tokenizer, texts, config,  # type: ignore[misc,arg-type]
                                       tgt_tokenizer=members[0].tgt_tokenizer, batch_size=args.batch_size,
                                       progress=len(texts) > args.batch_size)
     except ValueError as e:

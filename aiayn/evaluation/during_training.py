@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from aiayn.data.batch import TranslationBatch
-from aiayn.decoding.text import beam_config, seq2seq_decoder
 from aiayn.decoding.greedy import greedy
+from aiayn.decoding.text import beam_config, seq2seq_decoder
 from aiayn.evaluation.metrics import evaluate_translation
 
 __all__ = ["bleu_eval_hook"]
@@ -31,7 +31,7 @@ def bleu_eval_hook(sentences: int) -> Callable[[nn.Module, Any, int], dict[str, 
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
-        decoder = seq2seq_decoder(model, data.tgt_tokenizer)  # BOS, EOS, pad: the target tokenizer's own
+        decoder = seq2seq_decoder(model, data.tgt_tokenizer)  # type: ignore[arg-type]  # BOS, EOS, pad: the target tokenizer's own
         ends = beam_config(data.tgt_tokenizer)
         hypotheses: list[str] = []
         references: list[str] = []

@@ -169,7 +169,7 @@ class TransformerStack(nn.Module):
 
     def new_caches(self, max_len: int | None = None) -> list:
         """One empty self-attention (or mixer) cache per layer, of the kind each layer keeps."""
-        return [layer.new_cache(max_len) for layer in self.layers]
+        return [layer.new_cache(max_len) for layer in self.layers]  # type: ignore[operator]  # ModuleList items are TransformerLayers
 
     def forward(
         self,

@@ -135,7 +135,7 @@ class MultiHeadAttention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q)
         if cache is not None and cache.filled:
-            return q, cache.k, cache.v  # the encoder output was projected before
+            return q, cache.k, cache.v  # type: ignore[return-value]  # filled: the encoder output was projected before
         k = self._split(self.w_k(memory), self.n_kv_heads)  # (B, Hkv, S, Dh)
         v = self._split(self.w_v(memory), self.n_kv_heads)
         if self.qk_norm:

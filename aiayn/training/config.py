@@ -48,9 +48,9 @@ class ModelSection:
     """
 
     def __init__(self, *, preset: str | None = None, family: str | None = None, **overrides: Any) -> None:
-        if (preset is None) == (family is None):
-            raise ValueError(f"model: give exactly one of model.preset or model.family (e.g. model.preset=tiny-decoder-only), "
-                             f"got preset={preset!r}, family={family!r}")
+        if preset is not None and family is not None:
+            raise ValueError(f"model: give one of model.preset or model.family (e.g. model.preset=tiny-decoder-only), "
+                             f"not both: got preset={preset!r}, family={family!r}")
         valid = _model_fields()
         for key in overrides:
             if key not in valid:
@@ -58,10 +58,19 @@ class ModelSection:
                 hint = f" (did you mean 'model.{close[0]}'?)" if close else ""
                 raise ValueError(f"unknown key 'model.{key}'{hint}; valid keys: preset, family, {', '.join(valid)}")
         self.preset, self.family, self.overrides = preset, family, dict(overrides)
+        if self.from_checkpoint:
+            return  # the fields go over train.init_from's config, which the run reads (TrainConfig checks it is set)
         self.build(vocab_size=self.overrides.get("vocab_size") or 32_000)  # validate now (any vocabulary will do)
+
+    @property
+    def from_checkpoint(self) -> bool:
+        """Neither preset nor family: the model is train.init_from's, with these fields over it."""
+        return self.preset is None and self.family is None
 
     def build(self, *, vocab_size: int | None = None) -> TransformerConfig:
         """The model config; ``vocab_size`` fills in when the section does not set it."""
+        if self.from_checkpoint:
+            raise ValueError("model: give model.preset or model.family (or train.init_from, whose model this section changes)")
         values = dict(self.overrides)
         if vocab_size is not None and values.get("vocab_size") is None:
             values["vocab_size"] = vocab_size
@@ -71,7 +80,7 @@ class ModelSection:
 
     def to_plain(self) -> dict[str, Any]:
         """The flat YAML form: ``preset`` or ``family``, then the overrides as given."""
-        head = {"preset": self.preset} if self.preset is not None else {"family": self.family}
+        head = {"preset": self.preset} if self.preset is not None else {"family": self.family} if self.family is not None else {}
         return head | self.overrides
 
     @classmethod
@@ -201,6 +210,9 @@ class TrainConfig:
     train: LoopSection = field(default_factory=LoopSection)
 
     def __post_init__(self) -> None:
+        if self.model.from_checkpoint and not self.train.init_from:
+            raise ValueError("model: give model.preset or model.family (e.g. model.preset=tiny-decoder-only), "
+                             "or train.init_from=DIR to start from that model (the section's fields then change it)")
         if self.train.eval_bleu and self.data.task != "translation":
             raise ValueError(f"train.eval_bleu={self.train.eval_bleu} needs data.task='translation', got {self.data.task!r}")
         if self.train.parallel == "fsdp" and self.optim.name == "muon":

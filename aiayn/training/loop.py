@@ -9,7 +9,6 @@ checkpoint that holds everything needed to continue bit for bit).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import time
@@ -403,11 +402,11 @@ def _model_config(config: TrainConfig, data: TaskData, init: InitSource | None =
     """The section's model config, with vocabulary sizes and classes taken from the data when unset;
     with ``init`` and no ``preset`` / ``family``, the checkpoint's config with the section's fields over it."""
     section = config.model
-    if init is not None and section.preset is None and section.family is None:
-        overrides = {k: v for k, v in dataclasses.asdict(section).items() if v is not None and k not in ("preset", "family")}
-        if data.task == "classification" and section.n_classes is None:
+    if init is not None and section.from_checkpoint:
+        overrides = dict(section.overrides)
+        if data.task == "classification" and "n_classes" not in overrides:
             overrides["n_classes"] = data.n_classes  # a new head when the checkpoint has none or another size
-        if data.task == "classification" and getattr(init.config, "mlm_head", False) and section.mlm_head is None:
+        if data.task == "classification" and getattr(init.config, "mlm_head", False) and "mlm_head" not in overrides:
             overrides["mlm_head"] = False  # the masked-LM head is not trained by a classifier
         return init_model_config(init, overrides)
     extra: dict[str, Any] = {}

@@ -75,7 +75,8 @@ class TrainStep:
         codes = rank_values((not math.isfinite(self._local_loss)) + 2 * (not math.isfinite(grad_norm)), self.dist, self.device)
         if any(codes):
             if self.scaler.is_enabled() and not any(c & 1 for c in codes):
-                return self._overflow(grad_norm, number)
+                self._overflow(grad_norm, number)
+                return None
             self._drop(f"non-finite loss ({loss}) or gradient norm ({grad_norm}) at step {number}{_where(codes)}")
             return None
         self.skipped = 0

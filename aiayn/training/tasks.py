@@ -126,10 +126,10 @@ def build_task_data(
             return TokenBudgetBatchSampler([ds.src_lengths, ds.tgt_lengths], data.max_tokens, shuffle=shuffle, seed=seed)
 
         specials = special_ids(tgt_tok)  # BOS starts and EOS ends every target: the tokenizer's own ids
-        collate = functools.partial(
+        collate_pairs = functools.partial(
             collate_translation, bos_id=specials.need("bos", "translation training"), eos_id=specials.need("eos", "translation training"),
         )
-        return _assemble(data, train_set, val_set, plan, collate, (src_tok, tgt_tok), rank, world_size)
+        return _assemble(data, train_set, val_set, plan, collate_pairs, (src_tok, tgt_tok), rank, world_size)
 
     if data.task == "lm":
         if not isinstance(train_raw, str):

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from aiayn.decoding.text import beam_config, seq2seq_decoder, source_ids
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization import N_SPECIAL
 from aiayn.tokenization.base import Tokenizer
-from aiayn.decoding.text import beam_config, seq2seq_decoder, source_ids
 from aiayn.tokenization.special import sentence_ids, special_ids
 
 __all__ = ["AttentionView", "collect_attention", "token_labels", "plot_attention_grid", "VIEW_TITLES"]

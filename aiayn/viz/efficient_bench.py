@@ -151,7 +151,7 @@ def bench_efficient(
                 steps[variant] = _train_step(variant, q, k, v, grad, window)
                 if n <= 2048:
                     steps[variant]()  # warm-up for the short ones; long ones are slow enough already
-            best = {name: math.inf for name in steps}
+            best = dict.fromkeys(steps, math.inf)
             for round_ in range(repeats):  # interleaved rounds; the first one also profiles memory
                 for name, step in steps.items():
                     start = time.perf_counter()
@@ -165,8 +165,8 @@ def bench_efficient(
             for variant in variants:
                 row = rows[variant]
                 train.append(row)
-                seconds = "skipped" if row["seconds"] is None else f"{1000 * row['seconds']:.1f} ms"
-                peak = "-" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.1f} MiB"
+                seconds = "skipped" if row["seconds"] is None else f"{1000 * row['seconds']:.1f} ms"  # type: ignore[operator]
+                peak = "-" if row["peak_bytes"] is None else f"{row['peak_bytes'] / 2**20:.1f} MiB"  # type: ignore[operator]
                 log(f"  train n={n:>6} {variant:<7} {seconds:>12} {peak:>12} {row['skipped']}")
             del q, k, v, grad, steps
         generation = _bench_generation(contexts, heads, head_dim, window, gen_tokens, generator, log)
@@ -235,7 +235,7 @@ def _bench_generation(
                 times[name].append(time.perf_counter() - start)
         for name in layers:
             rows.append({"variant": name, "context": context, "seconds_per_token": statistics.median(times[name])})
-            log(f"  generate context={context:>6} {name:<7} {1e3 * rows[-1]['seconds_per_token']:.3f} ms/token")
+            log(f"  generate context={context:>6} {name:<7} {1e3 * rows[-1]['seconds_per_token']:.3f} ms/token")  # type: ignore[operator]
         del caches
     return rows
 
