@@ -59,7 +59,7 @@ def test_muon_without_any_matrix_is_refused():
 
 
 def test_muon_settings_are_validated():
-    with pytest.raises(ValueError, match="muon_lr must be a finite number > 0.0"):
+    with pytest.raises(ValueError, match="muon_lr=.* must be a finite number > 0.0"):
         OptimConfig(name="muon", muon_lr=0.0)
     with pytest.raises(ValueError, match=r"muon_momentum must be a number in \[0, 1\)"):
         OptimConfig(name="muon", muon_momentum=1.0)

@@ -8,7 +8,7 @@ import pytest
 from aiayn.checkpoint.retention import RetentionConfig
 from aiayn.config_io import apply_overrides, from_dict, load_yaml, to_dict
 from aiayn.models.presets import preset
-from aiayn.training.config import ModelSection, TrainConfig
+from aiayn.training.config import LoopSection, ModelSection, TrainConfig
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,6 @@ def test_absent_keys_keep_the_preset_and_the_section_round_trips():
         ({"preset": "tiny-decoder-only", "n_layer": 2}, ValueError, r"unknown key 'model.n_layer' \(did you mean 'model.n_layers'\?\)"),
         ({"preset": "tiny-decoder-only", "n_encoder_layers": 2}, ValueError, "unknown DecoderOnlyConfig field 'n_encoder_layers'"),
         ({"family": "decoder-only", "d_model": 30, "n_heads": 4}, ValueError, "d_model=30 must be divisible by n_heads=4"),
-        ({}, ValueError, "give exactly one of model.preset or model.family"),
         ({"preset": "nope"}, ValueError, "unknown preset 'nope'"),
     ],
 )
@@ -84,3 +83,11 @@ def test_a_train_config_saved_before_null_meant_none_reads_as_it_was_trained(tmp
     section = from_dict(TrainConfig, {"model": old}).model
     assert section == ModelSection(family="decoder-only", d_model=64, n_layers=3, init_std=0.02)
     assert section.build(vocab_size=10).pad_id == 0  # as trained: the old null was ignored
+
+
+def test_a_model_section_without_preset_or_family_needs_init_from():
+    """Neither preset nor family: the section changes train.init_from's model, so init_from must be set."""
+    with pytest.raises(ValueError, match="give model.preset or model.family"):
+        TrainConfig(model=ModelSection())
+    config = TrainConfig(model=ModelSection(dropout=0.1), train=LoopSection(init_from="runs/some-model"))
+    assert config.model.from_checkpoint and config.model.overrides == {"dropout": 0.1}
