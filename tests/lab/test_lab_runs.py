@@ -40,7 +40,7 @@ def test_cli_writes_json(tmp_path, capsys):
     assert main(["lab", "scaling", "--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "lab_scaling.json").read_text())
     assert data["verdict"] in VERDICTS and data["name"] == "scaling" and data["quick"] is True
-    assert "lab scaling:" in capsys.readouterr().out
+    assert "lab scaling (QUICK RUN, NOT CONCLUSIVE" in capsys.readouterr().out
 
 
 def test_a_full_run_states_its_verdict_plainly():
