@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -108,7 +109,7 @@ def _text_quality(quick: bool, seed: int) -> dict[str, Any]:
         model = _model(variant, vocab, d_model, n_layers, context)
         generator = torch.Generator().manual_seed(seed)
 
-        def batches() -> tuple[Tensor, Tensor]:
+        def batches(generator: torch.Generator = generator) -> tuple[Tensor, Tensor]:
             return windows(train_ids, torch.randint(0, len(train_ids) - context - 1, (batch,), generator=generator))
 
         start = time.perf_counter()
@@ -151,7 +152,7 @@ def _recall(quick: bool, seed: int) -> dict[str, Any]:
             torch.manual_seed(seed)
             model = _model(variant, n_keys + n_values, d_model, n_layers, 2 * pairs + 1)
             generator = torch.Generator().manual_seed(seed)
-            _train(model, lambda: recall_batch(batch, pairs, n_keys, n_values, generator), steps, lr=3e-3)
+            _train(model, lambda p=pairs, g=generator: recall_batch(batch, p, n_keys, n_values, g), steps, lr=3e-3)
             model.eval()
             with torch.no_grad():
                 x, y = recall_batch(500 if not quick else 16, pairs, n_keys, n_values, torch.Generator().manual_seed(seed + 1))
@@ -162,7 +163,13 @@ def _recall(quick: bool, seed: int) -> dict[str, Any]:
 
 
 def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> LabResult:
-    from aiayn.viz.style import SERIES_COLORS, new_figure, save_figure, style_axes, style_context
+    from aiayn.viz.style import (
+        SERIES_COLORS,
+        new_figure,
+        save_figure,
+        style_axes,
+        style_context,
+    )
 
     start = time.perf_counter()
     threads = torch.get_num_threads()

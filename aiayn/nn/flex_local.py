@@ -9,8 +9,9 @@ this repository yet: no GPU was available when it was written (see docs/lab.md).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor

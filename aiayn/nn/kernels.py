@@ -12,17 +12,26 @@ key padding mask only, ``(B|1, 1, 1, S)``: they never form a ``(T, S)`` matrix t
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from aiayn.nn.attention import scaled_dot_product_attention
 from aiayn.nn.cache import LayerCache
-from aiayn.nn.linear_attention import LinearAttentionState, causal_linear_attention, linear_attention
-from aiayn.nn.local_attention import RingBufferCache, local_attention, local_attention_reference
+from aiayn.nn.linear_attention import (
+    LinearAttentionState,
+    causal_linear_attention,
+    linear_attention,
+)
+from aiayn.nn.local_attention import (
+    RingBufferCache,
+    local_attention,
+    local_attention_reference,
+)
 
-__all__ = ["ATTENTION_KINDS", "AttentionKernel", "SoftmaxKernel", "LocalKernel", "LinearKernel", "build_kernel"]
+__all__ = ["ATTENTION_KINDS", "AttentionKernel", "LinearKernel", "LocalKernel", "SoftmaxKernel", "build_kernel"]
 
 ATTENTION_KINDS: tuple[str, ...] = ("softmax", "local", "linear")
 

@@ -23,11 +23,11 @@ from torch.utils.checkpoint import checkpoint
 SEGMENT = 256  # positions per recomputed segment when training on long sequences
 
 __all__ = [
+    "LinearAttentionState",
+    "causal_linear_attention",
     "feature_map",
     "linear_attention",
-    "causal_linear_attention",
     "linear_attention_reference",
-    "LinearAttentionState",
 ]
 
 
@@ -110,7 +110,7 @@ def _causal_chunks(
     q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, s0: Tensor, z0: Tensor, chunk: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The chunked formula over one stretch of positions, starting from the state ``(s0, z0)``."""
-    batch, heads, length, dim = q.shape
+    batch, heads, length, _ = q.shape
     dim_v = v.shape[-1]
     if length == 0:
         return q.new_zeros(batch, heads, 0, dim_v), s0, z0

@@ -21,7 +21,7 @@ from aiayn.nn.attention import scaled_dot_product_attention
 
 GROUP_QUERIES = 256  # queries per recomputed group when training on long sequences
 
-__all__ = ["window_mask", "local_attention", "local_attention_reference", "RingBufferCache", "window_sides"]
+__all__ = ["RingBufferCache", "local_attention", "local_attention_reference", "window_mask", "window_sides"]
 
 
 def window_sides(window: int, causal: bool) -> tuple[int, int]:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["SelectiveSSM", "SSMState", "selective_scan", "selective_scan_sequential"]
+__all__ = ["SSMState", "SelectiveSSM", "selective_scan", "selective_scan_sequential"]
 
 
 def selective_scan(

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -183,8 +184,8 @@ def bench_efficient(
         heads, head_dim, window, batch, repeats, used_threads, train, generation, time_slopes, memory_slopes,
         crossover, kernel, fit_from,
         notes=[
-            f"training: causal self-attention kernels only (no projections), forward + backward, best of {repeats} interleaved rounds "
-            f"(the first under the memory profiler); {used_threads} CPU thread(s)",
+            (f"training: causal self-attention kernels only (no projections), forward + backward, best of {repeats} interleaved rounds "
+             f"(the first under the memory profiler); {used_threads} CPU thread(s)"),
             "peak memory: torch.profiler memory events during one forward + backward (allocations minus frees, peak of the running sum)",
             "math beyond the memory budget: not run; its formula size (the (B, H, n, n) scores) is given instead",
             f"generation: one MultiHeadAttention layer (d_model {heads * head_dim}), median time per token over {gen_tokens} tokens after a prefill of the context",
@@ -268,7 +269,14 @@ def _num(value: float | None) -> str:
 
 def plot_efficient(result: EfficientBench, path: str | Path) -> Path:
     """Three log-log panels: training time, training peak memory, time per generated token."""
-    from aiayn.viz.style import SERIES_COLORS, loglog_slope_label, new_figure, save_figure, style_axes, style_context
+    from aiayn.viz.style import (
+        SERIES_COLORS,
+        loglog_slope_label,
+        new_figure,
+        save_figure,
+        style_axes,
+        style_context,
+    )
 
     with style_context():
         fig, axes = new_figure(1, 3, width=15, height=4.4)

@@ -5,7 +5,11 @@ import torch
 
 import aiayn.nn.linear_attention as linear_module
 from aiayn.nn.kernels import LinearKernel
-from aiayn.nn.linear_attention import causal_linear_attention, linear_attention, linear_attention_reference
+from aiayn.nn.linear_attention import (
+    causal_linear_attention,
+    linear_attention,
+    linear_attention_reference,
+)
 
 
 def inputs(n, batch=2, heads=4, kv_heads=2, dim=6, dtype=torch.float64, seed=0):

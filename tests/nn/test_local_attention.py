@@ -5,7 +5,12 @@ import torch
 
 import aiayn.nn.local_attention as local_module
 from aiayn.nn.kernels import LocalKernel
-from aiayn.nn.local_attention import RingBufferCache, local_attention, local_attention_reference, window_mask
+from aiayn.nn.local_attention import (
+    RingBufferCache,
+    local_attention,
+    local_attention_reference,
+    window_mask,
+)
 
 
 def inputs(n, batch=2, heads=4, kv_heads=2, dim=8, dtype=torch.float64, seed=0):
@@ -72,7 +77,7 @@ def test_gradcheck_float64():
     key_mask = torch.tensor([[True] * 5 + [False] * 2])
     for causal in (True, False):
         assert torch.autograd.gradcheck(
-            lambda q, k, v: local_attention(q, k, v, window=3, causal=causal, key_mask=key_mask), (q, k, v)
+            lambda q, k, v, causal=causal: local_attention(q, k, v, window=3, causal=causal, key_mask=key_mask), (q, k, v)
         )
 
 

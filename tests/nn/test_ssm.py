@@ -1,8 +1,7 @@
 """The selective SSM: the recurrent (cached) path equals the parallel one; padding neither enters nor decays the state."""
 
-import torch
-
 import pytest
+import torch
 
 from aiayn.nn.ssm import SelectiveSSM, selective_scan, selective_scan_sequential
 

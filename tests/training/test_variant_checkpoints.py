@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 import torch
+from loop_fixtures import lm_config
 
 from aiayn.checkpoint.weights import read_safetensors
 from aiayn.pretrained import load_pretrained
 from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
-from loop_fixtures import lm_config
 
 VARIANTS = {"local": dict(attention="local", window=4), "linear": dict(attention="linear"), "ssm": dict(mixer="ssm")}
 
