@@ -78,6 +78,8 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
     loop = config.train
     device = _device(loop.device)
     fsdp = loop.parallel == "fsdp"
+    if loop.cpu_offload and device.type != "cuda":
+        raise ValueError(f"train.cpu_offload=true moves FSDP shards from the GPU to CPU memory; device is {device}, nothing to offload")
     if fsdp:
         check_under_torchrun()
     dist_info = init_distributed(device, always=fsdp)

@@ -131,6 +131,12 @@ def test_fsdp_outside_torchrun_is_refused(tmp_path, monkeypatch):
         train(fsdp_config(tmp_path))
 
 
+def test_cpu_offload_without_a_gpu_is_refused(tmp_path):
+    config = fsdp_config(tmp_path)
+    with pytest.raises(ValueError, match="train.cpu_offload=true moves FSDP shards from the GPU .* device is cpu"):
+        train(replace_loop(config, cpu_offload=True, device="cpu"))
+
+
 def test_muon_with_fsdp_is_refused(tmp_path):
     from aiayn.training.optim import OptimConfig
 

@@ -190,6 +190,14 @@ def test_a_field_added_since_the_checkpoint_counts_as_its_default(tmp_path):
         _check_same_model(changed, result.model.config)
 
 
+def test_a_run_may_change_its_attention_kernel_when_it_resumes(tmp_path):
+    """The kernel computes the same function: checkpoints saved with "sdpa" (the old default) resume under "auto"."""
+    result = train(lm_config(tmp_path, steps=2))
+    checkpoint = load_checkpoint(result.last_checkpoint)
+    assert checkpoint.config["attention_backend"] == "auto"
+    _check_same_model(dataclasses.replace(checkpoint, config={**checkpoint.config, "attention_backend": "sdpa"}), result.model.config)
+
+
 @pytest.mark.reliability
 def test_corrupt_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     config = lm_config(tmp_path, steps=6, save_every=3)
