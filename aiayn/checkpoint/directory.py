@@ -134,11 +134,16 @@ def verify_checkpoint(path: str | os.PathLike[str], *, check_hashes: bool = True
 
 
 def _check_file_name(path: Path, name: str) -> None:
-    """A marker entry must name a plain file inside the checkpoint: no ``..``, no separator, not absolute."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name or Path(name).is_absolute():
+    """A marker entry must name a file inside the checkpoint: a relative path whose parts are plain names
+    (``dcp/.metadata`` for sharded state), no ``..``, no backslash, not absolute."""
+    parts = name.split("/")
+    if (not name or "\\" in name or "\0" in name or Path(name).is_absolute()
+            or any(part in ("", ".", "..") for part in parts)):
         raise CorruptCheckpointError(path / MARKER, f"lists {name!r}, which is not a file name inside {path}")
     if (path / name).is_symlink():
         raise CorruptCheckpointError(path / name, "is a symbolic link; a checkpoint holds plain files only")
+    if any((path / "/".join(parts[: i + 1])).is_symlink() for i in range(len(parts) - 1)):
+        raise CorruptCheckpointError(path / name, "lies under a symbolic link; a checkpoint holds plain files only")
 
 
 def _verify_file(file: Path, entry: Any, check_hash: bool) -> None:

@@ -78,6 +78,10 @@ class ModelSection:
             return preset(self.preset, **values)
         return config_from_dict({"family": self.family, **values})
 
+    def replace(self, **changes: Any) -> ModelSection:
+        """A copy with ``changes`` over the overrides (validated like the original)."""
+        return ModelSection(preset=self.preset, family=self.family, **(self.overrides | changes))
+
     def to_plain(self) -> dict[str, Any]:
         """The flat YAML form: ``preset`` or ``family``, then the overrides as given."""
         head = {"preset": self.preset} if self.preset is not None else {"family": self.family} if self.family is not None else {}

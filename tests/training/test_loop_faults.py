@@ -176,7 +176,7 @@ def test_a_target_vocabulary_smaller_than_its_tokenizer_is_caught_before_buildin
 
     config = translation_config(tmp_path, steps=2)
     config = dataclasses.replace(
-        config, model=dataclasses.replace(config.model, tgt_vocab_size=9, share_embeddings=False),
+        config, model=config.model.replace(tgt_vocab_size=9, share_embeddings=False),
         data=dataclasses.replace(config.data, shared_vocab=False),
     )
     built = []

@@ -16,7 +16,7 @@ VARIANTS = {"local": dict(attention="local", window=4), "linear": dict(attention
 
 def config(tmp, name, variant, **loop):
     base = lm_config(tmp / name, steps=4)
-    model = dataclasses.replace(base.model, **VARIANTS[variant])
+    model = base.model.replace(**VARIANTS[variant])
     return dataclasses.replace(base, model=model, train=dataclasses.replace(base.train, save_every=2, eval_every=2, **loop))
 
 
