@@ -69,6 +69,13 @@ class ModelSection:
             return preset(self.preset, **values)
         return config_from_dict({"family": self.family, **values})
 
+    def replace(self, **changes: Any) -> ModelSection:
+        """A copy with some fields set (or, with ``preset=`` / ``family=``, another base), validated again."""
+        head = {"preset": self.preset, "family": self.family}
+        if "preset" in changes or "family" in changes:
+            head = {"preset": changes.pop("preset", None), "family": changes.pop("family", None)}
+        return ModelSection(**head, **(self.overrides | changes))
+
     def to_plain(self) -> dict[str, Any]:
         """The flat YAML form: ``preset`` or ``family``, then the overrides as given."""
         head = {"preset": self.preset} if self.preset is not None else {"family": self.family}

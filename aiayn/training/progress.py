@@ -35,6 +35,6 @@ class TimeBudgetBar(tqdm):
 
     def update(self, n: float | None = 1) -> bool | None:
         self.step += int(n or 0)
-        self.set_description(f"step {self.step}", refresh=False)
+        self.set_description_str(f"step {self.step}", refresh=False)
         spent = min(time.perf_counter() - self.started, float(self.total))
         return super().update(spent - self.n)

@@ -168,7 +168,7 @@ def test_resume_errors_name_the_path(tmp_path):
 def test_resume_with_changed_model_lists_the_changes(tmp_path):
     config = lm_config(tmp_path, steps=2)
     train(config)
-    changed = dataclasses.replace(config, model=dataclasses.replace(config.model, d_ff=48), train=dataclasses.replace(config.train, max_steps=4))
+    changed = dataclasses.replace(config, model=config.model.replace(d_ff=48), train=dataclasses.replace(config.train, max_steps=4))
     with pytest.raises(ValueError, match=r"the model config changed \(d_ff: checkpoint 64, config 48\)"):
         train(changed)
 

@@ -84,3 +84,11 @@ def test_a_train_config_saved_before_null_meant_none_reads_as_it_was_trained(tmp
     section = from_dict(TrainConfig, {"model": old}).model
     assert section == ModelSection(family="decoder-only", d_model=64, n_layers=3, init_std=0.02)
     assert section.build(vocab_size=10).pad_id == 0  # as trained: the old null was ignored
+
+
+def test_replace_gives_a_validated_copy():
+    section = ModelSection(preset="tiny-decoder-only", d_model=64)
+    assert section.replace(d_ff=48) == ModelSection(preset="tiny-decoder-only", d_model=64, d_ff=48)
+    assert section.replace(family="decoder-only").family == "decoder-only"
+    with pytest.raises(ValueError, match="unknown key 'model.d_f'"):
+        section.replace(d_f=48)
