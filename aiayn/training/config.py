@@ -79,8 +79,11 @@ class ModelSection:
         return config_from_dict({"family": self.family, **values})
 
     def replace(self, **changes: Any) -> ModelSection:
-        """A copy with ``changes`` over the overrides (validated like the original)."""
-        return ModelSection(preset=self.preset, family=self.family, **(self.overrides | changes))
+        """A copy with some fields set (or, with ``preset=`` / ``family=``, another base), validated again."""
+        head = {"preset": self.preset, "family": self.family}
+        if "preset" in changes or "family" in changes:
+            head = {"preset": changes.pop("preset", None), "family": changes.pop("family", None)}
+        return ModelSection(**head, **(self.overrides | changes))
 
     def to_plain(self) -> dict[str, Any]:
         """The flat YAML form: ``preset`` or ``family``, then the overrides as given."""

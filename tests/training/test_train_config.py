@@ -91,3 +91,11 @@ def test_a_model_section_without_preset_or_family_needs_init_from():
         TrainConfig(model=ModelSection())
     config = TrainConfig(model=ModelSection(dropout=0.1), train=LoopSection(init_from="runs/some-model"))
     assert config.model.from_checkpoint and config.model.overrides == {"dropout": 0.1}
+
+
+def test_replace_gives_a_validated_copy():
+    section = ModelSection(preset="tiny-decoder-only", d_model=64)
+    assert section.replace(d_ff=48) == ModelSection(preset="tiny-decoder-only", d_model=64, d_ff=48)
+    assert section.replace(family="decoder-only").family == "decoder-only"
+    with pytest.raises(ValueError, match="unknown key 'model.d_f'"):
+        section.replace(d_f=48)
