@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"aiayn generate: --prompt {args.prompt!r}: {e}") from None
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     decoder = StaticCausalLMDecoder(loaded.model, compile=args.compile)  # type: ignore[arg-type]
-    pieces = stream_text(decoder, ids, None, config, detokenize=tokenizer.decode, generator=generator)  # type: ignore[arg-type]
+    pieces = stream_text(decoder, ids, None, config, detokenize=tokenizer.decode, generator=generator)
     try:
         first = next(pieces, "")  # the prefill: a bad length fails here, before anything is printed
     except ValueError as e:

@@ -69,7 +69,7 @@ def decode_one(model: DecoderOnly, tokens: Tensor, cache: StaticKVCache, column:
 
 def _forward(model: DecoderOnly, ids: Tensor, cache: StaticKVCache, offset: Tensor, mask: Tensor) -> Tensor:
     x = model.positions.embed(model.embed(ids), offset)  # (B, T, D); no dropout: eval only
-    x, _ = model.decoder(x, mask=mask, cache=cache, offset=offset)  # type: ignore[arg-type]
+    x, _ = model.decoder(x, mask=mask, cache=cache, offset=offset)
     return model.output(x[:, -1])  # (B, V): only the last position is needed
 
 

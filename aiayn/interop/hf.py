@@ -107,8 +107,8 @@ def load_hf(source: str | Path | nn.Module, *, architecture: str | None = None) 
     if dropped:
         log.warning("%s: dropped %d key(s) with no counterpart: %s", arch.name, len(dropped), ", ".join(dropped))
     if tokenizer is not None and tgt_tokenizer is not None:
-        check_fits(tokenizer, config.vocab_size)  # type: ignore[attr-defined]
-        check_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")  # type: ignore[attr-defined,arg-type]
+        check_fits(tokenizer, config.vocab_size)
+        check_fits(tgt_tokenizer, getattr(config, "target_vocab_size", config.vocab_size), "target vocab_size")
     elif note:
         log.info("no tokenizer: %s", note)
     return Imported(model, config, arch.name, tokenizer, note, dropped, hf_config, tgt_tokenizer)

@@ -152,7 +152,7 @@ def _recall(quick: bool, seed: int) -> dict[str, Any]:
             torch.manual_seed(seed)
             model = _model(variant, n_keys + n_values, d_model, n_layers, 2 * pairs + 1)
             generator = torch.Generator().manual_seed(seed)
-            _train(model, lambda p=pairs, g=generator: recall_batch(batch, p, n_keys, n_values, g), steps, lr=3e-3)
+            _train(model, lambda p=pairs, g=generator: recall_batch(batch, p, n_keys, n_values, g), steps, lr=3e-3)  # type: ignore[misc]
             model.eval()
             with torch.no_grad():
                 x, y = recall_batch(500 if not quick else 16, pairs, n_keys, n_values, torch.Generator().manual_seed(seed + 1))

@@ -20,7 +20,7 @@ class _SkipMetaNormal(TorchFunctionMode):
 
     _SKIPPED = (torch.Tensor.normal_, torch.nn.init.normal_, torch.nn.init.trunc_normal_)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         target = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
         if func in self._SKIPPED and isinstance(target, Tensor) and target.is_meta:

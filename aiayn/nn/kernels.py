@@ -13,7 +13,7 @@ key padding mask only, ``(B|1, 1, 1, S)``: they never form a ``(T, S)`` matrix t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -42,7 +42,7 @@ class AttentionKernel(Protocol):
     name: str
 
     def __call__(
-        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: object | None,
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: Any,  # each kernel's own cache kind
         bias: BiasFn | None, dropout_p: float, backend: str, return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]: ...
 

@@ -41,7 +41,7 @@ def subset(state: DecodeState, index: Tensor) -> DecodeState:
     """A new state holding rows ``index`` (``state`` is left as it is)."""
     cache = KVCache(len(_cache(state).self_attn))
     for new, old in zip(cache.self_attn, _cache(state).self_attn):
-        _fill(new, old.k.index_select(0, index), old.v.index_select(0, index), old.length)  # type: ignore[union-attr]
+        _fill(new, old.k.index_select(0, index), old.v.index_select(0, index), old.length)
     return DecodeState(
         tokens=state.tokens.index_select(0, index), mask=state.mask.index_select(0, index),
         max_new_tokens=state.max_new_tokens.index_select(0, index), pads=state.pads.index_select(0, index), cache=cache,
@@ -91,8 +91,8 @@ def _join_caches(a: KVCache, b: KVCache, width: int) -> KVCache:
         if la.max_len is not None or lb.max_len is not None:
             raise ValueError("continuous batching joins dynamic caches only (static_cache=False)")
         # (B, Hkv, L, D): zeros on the left of the time axis; the padding mask hides them.
-        k = torch.cat([F.pad(la.k, (0, 0, width - la.length, 0)), F.pad(lb.k, (0, 0, width - lb.length, 0))])  # type: ignore[arg-type]
-        v = torch.cat([F.pad(la.v, (0, 0, width - la.length, 0)), F.pad(lb.v, (0, 0, width - lb.length, 0))])  # type: ignore[arg-type]
+        k = torch.cat([F.pad(la.k, (0, 0, width - la.length, 0)), F.pad(lb.k, (0, 0, width - lb.length, 0))])
+        v = torch.cat([F.pad(la.v, (0, 0, width - la.length, 0)), F.pad(lb.v, (0, 0, width - lb.length, 0))])
         _fill(new, k, v, width)
     return joined
 

@@ -141,11 +141,11 @@ class LMEngine(Worker):
         if not keep:
             return None
         tokens = tokens[torch.tensor(keep, device=self.device)]
-        saved = batch_state.snapshot(self.state)  # type: ignore[arg-type]
+        saved = batch_state.snapshot(self.state)
         try:
-            return self.decoder.step(tokens, self.state)  # type: ignore[arg-type]
+            return self.decoder.step(tokens, self.state)
         except Exception as e:  # noqa: BLE001 (fails again without the culprits: give up on the batch)
-            batch_state.restore(self.state, saved)  # type: ignore[arg-type]
+            batch_state.restore(self.state, saved)
             for row in self.rows:
                 row.job.fail(ModelFailure(e))
             self._keep([])

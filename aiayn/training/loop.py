@@ -440,10 +440,10 @@ def _check_lengths(config: TrainConfig, model_config: TransformerConfig) -> None
 
 def _check_vocabularies(data: TaskData, model_config: TransformerConfig) -> None:
     """Fail before building the model when a tokenizer has more ids than its embedding table."""
-    check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")  # type: ignore[attr-defined]
+    check_tokenizer_fits(data.src_tokenizer, model_config.vocab_size, "model.vocab_size")
     if data.task == "translation" and hasattr(model_config, "target_vocab_size"):
         name = "model.tgt_vocab_size" if model_config.tgt_vocab_size is not None else "model.vocab_size (shared by the target)"  # type: ignore[attr-defined]
-        check_tokenizer_fits(data.tgt_tokenizer, model_config.target_vocab_size, name)  # type: ignore[attr-defined]
+        check_tokenizer_fits(data.tgt_tokenizer, model_config.target_vocab_size, name)
 
 
 def _device(name: str) -> torch.device:

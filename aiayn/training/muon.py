@@ -92,10 +92,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
         for o in self._parts:
             o.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         return {"muon": self.muon.state_dict(), "adamw": None if self.adamw is None else self.adamw.state_dict()}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if set(state_dict) != {"muon", "adamw"}:
             raise ValueError(f"not a Muon+AdamW optimizer state (keys {sorted(state_dict)}; expected adamw, muon)")
         self.muon.load_state_dict(state_dict["muon"])
