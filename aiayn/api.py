@@ -42,7 +42,7 @@ from aiayn.pretrained import Pretrained, id2label_names, load_pretrained, prepar
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.special import SpecialIds, special_ids
 
-__all__ = ["load", "load_parts", "place", "LoadedModel", "Prediction", "is_hf_dir"]
+__all__ = ["load", "load_parts", "LoadedModel", "Prediction", "is_hf_dir"]
 
 
 @dataclass(frozen=True)
@@ -183,15 +183,6 @@ def load_parts(
         return Pretrained(model, imported.config, imported.tokenizer, imported.tgt_tokenizer, directory, labels)
     return load_pretrained(directory, device=device, dtype=dtype, quantize=quantize)
 
-
-def place(model: nn.Module, *, dtype: torch.dtype | str | None = None, device: torch.device | str | None = None) -> nn.Module:
-    """Move ``model`` to ``device`` and cast its floating-point weights to ``dtype`` (once), in eval mode."""
-    if isinstance(dtype, str):
-        named = getattr(torch, dtype, None)
-        if not isinstance(named, torch.dtype):
-            raise ValueError(f"dtype must be a torch dtype or its name (float32, bfloat16, float16), got {dtype!r}")
-        dtype = named
-    return model.to(device=device, dtype=dtype).eval()
 
 
 def is_hf_dir(directory: Path) -> bool:

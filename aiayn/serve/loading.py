@@ -1,7 +1,8 @@
 """Loading the served model: the ONE place the server turns a directory into a model and tokenizers.
 
-Today this is :func:`aiayn.pretrained.load_pretrained` plus ``model.to(dtype)``; when ``aiayn.load``
-lands it replaces the body of :func:`load_served_model` and nothing else changes.
+It goes through :func:`aiayn.api.load_parts`, the loader of ``aiayn.load`` and every command: our
+directories, checkpoints and runs, or a Hugging Face directory with its own tokenizer, with the
+weights cast once at load (``dtype``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from aiayn.api import load_parts
 from aiayn.models.config import TransformerConfig
-from aiayn.pretrained import load_pretrained
 from aiayn.tokenization.base import Tokenizer
 
 __all__ = ["DTYPES", "ServedModel", "load_served_model"]
@@ -47,8 +48,7 @@ def load_served_model(
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    loaded = load_pretrained(checkpoint, device=device)
+    loaded = load_parts(checkpoint, device=device, dtype=None if dtype == "float32" else dtype)
     if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
         raise ValueError(f"checkpoint {checkpoint} holds no tokenizer, so the server could not encode text")
-    model = loaded.model.to(DTYPES[dtype]).eval()
-    return ServedModel(model, loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer, name or Path(checkpoint).resolve().name)
+    return ServedModel(loaded.model, loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer, name or Path(checkpoint).resolve().name)
