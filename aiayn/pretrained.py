@@ -186,10 +186,10 @@ def load_pretrained(
     from aiayn.checkpoint.sharded import is_sharded, read_sharded_model_state  # DCP only when needed
 
     sharded = is_sharded(directory)
-    if not sharded and _stored_quantization(directory) is None:  # int8 and DCP files hold other tensors than the fp32 model
+    stored_int8 = _stored_quantization(directory) is not None
+    if not sharded and not stored_int8:  # int8 and DCP files hold other tensors than the fp32 model
         check_config_backed(config, directory / MODEL_FILE)
     model = model_class(config)(config)
-    stored_int8 = _stored_quantization(directory) is not None
     if stored_int8:
         check_int8_kernel(device)
         quantize_int8(model)  # the int8 layout, then the stored int8 weights and scales fill it

@@ -11,16 +11,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from aiayn.api import load_parts
+from aiayn.inference.precision import DTYPES  # the names every inference command accepts
 from aiayn.models.config import TransformerConfig
 from aiayn.tokenization.base import Tokenizer
 
 __all__ = ["DTYPES", "ServedModel", "load_served_model"]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
