@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiayn.viz.complexity import default_lengths
 
@@ -62,12 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"aiayn bench attention: {e}") from None
     print(format_bench(result))
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot = plot_bench(result, args.out / "bench_attention.png")
-    data = args.out / "bench_attention.json"
-    data.write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {plot} and {data}")
-    return 0
+    return _write(result, plot_bench, args.out / "bench_attention")
 
 
 def _run_efficient(args: argparse.Namespace) -> int:
@@ -91,9 +88,14 @@ def _run_efficient(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"aiayn bench attention: {e}") from None
     print(format_efficient(result))
-    args.out.mkdir(parents=True, exist_ok=True)
-    plot = plot_efficient(result, args.out / "bench_efficient.png")
-    data = args.out / "bench_efficient.json"
+    return _write(result, plot_efficient, args.out / "bench_efficient")
+
+
+def _write(result: Any, plot: Callable[[Any, Path], Path], stem: Path) -> int:
+    """Draw ``stem.png`` and write ``stem.json`` (the result's numbers), then say where."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png = plot(result, stem.with_suffix(".png"))
+    data = stem.with_suffix(".json")
     data.write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {plot} and {data}")
+    print(f"wrote {png} and {data}")
     return 0
