@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         sock.bind((args.host, args.port))
     except OSError as e:
         raise SystemExit(f"aiayn serve: cannot listen on --host {args.host} --port {args.port}: {e}") from None
+    sock.listen(2048)  # listen before saying so: a client that connects at once waits in the backlog, not refused
     failed: list[BaseException] = []
     server: _Server | None = None
 

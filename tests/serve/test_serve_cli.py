@@ -40,10 +40,18 @@ def start(checkpoint: str, *flags: str) -> tuple[subprocess.Popen, str]:
     assert found, (line, proc.stderr.read() if proc.poll() is not None else "")
     url = found.group(1)
     deadline = time.monotonic() + 60
-    while httpx.get(url + "/health").status_code != 200:
+    while not healthy(url):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     return proc, url
+
+
+def healthy(url: str) -> bool:
+    """The socket listens before the line is printed, but a loaded CI machine may still time a request out."""
+    try:
+        return httpx.get(url + "/health", timeout=30).status_code == 200
+    except httpx.TimeoutException:
+        return False
 
 
 def stream_in_background(url: str, max_tokens: int) -> tuple[threading.Thread, dict, threading.Event]:
