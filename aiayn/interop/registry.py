@@ -8,12 +8,13 @@ from aiayn.interop.common import Architecture
 from aiayn.interop.gpt2 import GPT2_LM_HEAD
 from aiayn.interop.gpt_neox import GPT_NEOX_CAUSAL_LM
 from aiayn.interop.marian import MARIAN_MT
+from aiayn.interop.mbart import MBART
 from aiayn.interop.roberta_prelayernorm import ROBERTA_PRELN_ARCHITECTURES
 
 __all__ = ["ARCHITECTURES", "NOT_SUPPORTED", "UnsupportedArchitecture", "architecture"]
 
 ARCHITECTURES: dict[str, Architecture] = {
-    a.name: a for a in (GPT2_LM_HEAD, *BERT_ARCHITECTURES.values(), MARIAN_MT, BART, *ROBERTA_PRELN_ARCHITECTURES.values(), GPT_NEOX_CAUSAL_LM)
+    a.name: a for a in (GPT2_LM_HEAD, *BERT_ARCHITECTURES.values(), MARIAN_MT, BART, MBART, *ROBERTA_PRELN_ARCHITECTURES.values(), GPT_NEOX_CAUSAL_LM)
 }
 
 # Classes people ask for that the core cannot yet represent exactly, and what it lacks.

@@ -1,7 +1,8 @@
 """Every model type a recipe trains exports to a transformers class with the same logits and greedy tokens.
 
 * Shakespeare (decoder-only, Pre-LN, learned positions, no biases) -> GPT2LMHeadModel with zero biases;
-* SST-2 (encoder-only, Pre-LN) -> RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification.
+* SST-2 (encoder-only, Pre-LN) -> RobertaPreLayerNormForMaskedLM / ...ForSequenceClassification;
+* Multi30k (encoder-decoder, Pre-LN, sinusoidal, embedding norm) -> MBartForConditionalGeneration.
 A model no class can hold is refused, naming the field.
 """
 
@@ -9,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from interop_helpers import ATOL, assert_close_where
+from interop_helpers import ATOL, assert_close_where, greedy, right_padded, token_ids
 
 from aiayn.interop import ConfigError, load_hf, save_hf
-from aiayn.models.config import DecoderOnlyConfig, EncoderOnlyConfig
+from aiayn.models.config import DecoderOnlyConfig, EncoderDecoderConfig, EncoderOnlyConfig
 from aiayn.models.presets import model_class
 
 transformers = pytest.importorskip("transformers")
@@ -119,3 +120,41 @@ def test_rotary_decoder_exports_as_gpt_neox(bias, tmp_path):
     assert again.config == config.replace(max_len=64)
     for key, value in ours.state_dict().items():
         assert torch.equal(again.model.state_dict()[key], value), key
+
+
+def multi30k_type(**overrides) -> EncoderDecoderConfig:
+    """recipes/multi30k-de-en.yaml's model, tiny: Pre-LN, sinusoidal, shared tied vocabulary, embedding norm."""
+    fields = dict(vocab_size=61, n_encoder_layers=2, n_decoder_layers=3, d_model=24, n_heads=4, d_ff=40, dropout=0.0,
+                  attention_dropout=0.0, max_len=64, norm_position="pre", embedding_norm=True, share_embeddings=True,
+                  init_std=0.02)
+    return EncoderDecoderConfig(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_pre_ln_encoder_decoder_exports_as_mbart(positions, tmp_path):
+    config = multi30k_type(positions=positions)
+    ours = _random(config)
+    exported = save_hf(tmp_path, ours)
+    assert exported.architecture == "MBartForConditionalGeneration"
+    hf = transformers.MBartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    src, src_mask = right_padded(token_ids(3, 9, seed=3), [9, 5, 2], pad=0)
+    tgt, tgt_mask = right_padded(token_ids(3, 7, seed=4), [7, 4, 6], pad=0)
+    tgt[:, 0] = 1  # BOS: the exported decoder_start_token_id
+    with torch.no_grad():
+        theirs = hf(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt,
+                    decoder_attention_mask=tgt_mask.long()).logits
+        assert_close_where(ours(src, tgt), theirs, tgt_mask, what="logits")
+        generated = hf.generate(input_ids=src, attention_mask=src_mask.long(), max_new_tokens=12, do_sample=False,
+                                num_beams=1, eos_token_id=None, pad_token_id=0)
+    assert hf.config.decoder_start_token_id == 1 and generated[:, 0].tolist() == [1] * 3
+    tokens, _ = greedy(ours, src, src_mask, start=1, eos=-1, pad=0, max_new_tokens=12)
+    assert tokens.tolist() == generated[:, 1:].tolist()
+    again = load_hf(tmp_path)
+    assert again.config == config
+    for key, value in ours.state_dict().items():
+        assert torch.equal(again.model.state_dict()[key], value), key
+
+
+def test_an_encoder_decoder_without_embedding_norm_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="embedding_norm=False"):
+        save_hf(tmp_path, _random(multi30k_type(embedding_norm=False)))
