@@ -10,6 +10,7 @@ has int8 ``weight`` and fp32 ``scale`` tensors for every Linear layer.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from aiayn.checkpoint.weights import (
     read_safetensors,
     state_dict_to_bytes,
 )
-from aiayn.inference.precision import cast_model, pack_linears, parse_dtype
+from aiayn.inference.precision import cast_model, native_bf16, pack_linears, parse_dtype
 from aiayn.inference.quantization import Int8Linear, check_int8_kernel, parse_quantize, quantize_int8
 from aiayn.models.config import TransformerConfig, config_from_dict
 from aiayn.models.meta import meta_state_dict
@@ -42,6 +43,8 @@ __all__ = [
     "Pretrained", "save_pretrained", "load_pretrained", "prepare_for_inference", "model_dir", "label_names",
     "check_replaceable", "check_config_backed", "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE", "LABELS_FILE",
 ]
+
+log = logging.getLogger(__name__)
 
 LABELS_FILE = "labels.json"  # {"labels": [name of class 0, name of class 1, ...]}
 _TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json", "hf_tokenizer.json", "spm_tokenizer.json")
@@ -218,6 +221,9 @@ def prepare_for_inference(
         quantize_int8(model)  # from the fp32 weights, before any cast; checks the kernel
     model.to(device).eval()
     if torch_dtype is not None:
+        if torch_dtype == torch.bfloat16 and not native_bf16(torch.device(device)):
+            log.warning("dtype=bfloat16 on a %s without native bf16 matmuls (no AMX or AVX512-BF16): it runs, but "
+                        "may be many times slower than float32 here", torch.device(device).type)
         cast_model(model, torch_dtype)  # once: no step re-casts a weight
         pack_linears(model)  # half precision on the CPU: weights in oneDNN's layout, once
     return model

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["DTYPES", "PackedLinear", "cast_model", "pack_linears", "parse_dtype"]
+__all__ = ["DTYPES", "PackedLinear", "cast_model", "native_bf16", "pack_linears", "parse_dtype"]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,6 +30,17 @@ def parse_dtype(value: str | torch.dtype | None, *, name: str = "dtype") -> torc
     if isinstance(value, str) and value in DTYPES:
         return DTYPES[value]
     raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bf16 matrices natively (AMX or AVX512-BF16 on the CPU; Ampere+ on CUDA)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
 
 
 def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -17,6 +17,7 @@ from aiayn.config_io import convert_value
 from aiayn.models.config import FAMILIES, TransformerConfig, config_from_dict
 from aiayn.models.presets import preset
 from aiayn.training.optim import OptimConfig, ScheduleConfig
+from aiayn.training.precision import PRECISIONS
 from aiayn.validation import check_choice
 
 __all__ = ["ModelSection", "DataSection", "LoopSection", "TrainConfig", "build_model_config", "TASKS", "DATASET_NAMES"]
@@ -165,7 +166,7 @@ class LoopSection:
     accumulate: int = 1  # micro-batches per optimizer step
     grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
     label_smoothing: float = 0.0  # the paper used 0.1 for translation (section 5.4)
-    precision: str = "fp32"  # fp32 | bf16 (autocast; CPU with AMX, or GPU) | fp16 (with a grad scaler; GPU, or CPU for tests)
+    precision: str = "fp32"  # fp32 | bf16 (autocast; CPU with AMX, or GPU) | fp16 (with a grad scaler; GPU, or CPU for tests) | auto (bf16 where native)
     compile: bool = False  # torch.compile the model
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0
@@ -198,7 +199,7 @@ class LoopSection:
             raise ValueError(f"train.eval_bleu={self.eval_bleu} must be >= 0 (0 = off)")
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ValueError(f"train.eval_batches={self.eval_batches} must be >= 1 or null")
-        check_choice("train.precision", self.precision, ("fp32", "bf16", "fp16"))
+        check_choice("train.precision", self.precision, PRECISIONS)
         check_choice("train.nonfinite", self.nonfinite, ("raise", "skip"))
         check_choice("train.parallel", self.parallel, ("ddp", "fsdp"))
         if self.cpu_offload and self.parallel != "fsdp":

@@ -8,7 +8,6 @@ checkpoint that holds everything needed to continue bit for bit).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -52,6 +51,7 @@ from aiayn.training.init_from import InitSource, check_family, init_model_config
 from aiayn.training.metrics_log import MetricsLog
 from aiayn.training.objectives import Objective
 from aiayn.training.optim import build_optimizer, build_scheduler
+from aiayn.training.precision import autocast_context, resolve_precision
 from aiayn.training.progress import progress_bar
 from aiayn.training.step import StepResult, TrainStep
 from aiayn.training.tasks import TaskData, build_task_data
@@ -170,6 +170,9 @@ def _train(
 ) -> TrainResult:
     loop = config.train
     fsdp = loop.parallel == "fsdp"
+    precision = resolve_precision(loop.precision, device)
+    if loop.precision == "auto":
+        log.info("train.precision=auto: %s on this %s", precision, device.type)
     torch.manual_seed(loop.seed)  # same initial weights on every rank
     init = read_init(loop.init_from) if loop.init_from and checkpoint is None else None
     if init is not None:
@@ -183,11 +186,11 @@ def _train(
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
     if fsdp:
-        shard_model(model, bf16=loop.precision == "bf16", cpu_offload=loop.cpu_offload)
+        shard_model(model, bf16=precision == "bf16", cpu_offload=loop.cpu_offload)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
-    scaler = torch.amp.GradScaler(device.type, enabled=loop.precision == "fp16")  # fp16: skip overflows, adapt the scale
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # fp16: skip overflows, adapt the scale
     if checkpoint is not None:
         _check_same_model(checkpoint, model_config)
         if fsdp:
@@ -211,7 +214,7 @@ def _train(
     runner: nn.Module = torch.compile(objective) if loop.compile else objective  # type: ignore[assignment]
     if dist_info.enabled and not fsdp:
         runner = nn.parallel.DistributedDataParallel(runner, device_ids=[device.index] if device.type == "cuda" else None)
-    autocast = _autocast(loop.precision, device)
+    autocast = autocast_context(precision, device)
     train_step = TrainStep(
         runner, model, optimizer, scheduler=scheduler, grad_clip=loop.grad_clip, nonfinite=loop.nonfinite,
         autocast=autocast, scaler=scaler,
@@ -453,13 +456,6 @@ def _device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"train.device={name!r} but no CUDA device is available")
     return device
-
-
-def _autocast(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-    if precision == "fp32":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def _forever(loader: Any) -> Iterator[Any]:

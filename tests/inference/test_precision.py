@@ -106,3 +106,22 @@ def test_packed_linear_computes_the_plain_linear_and_repacks_after_a_change(dtyp
         model[0].weight.mul_(2)  # an in-place change: the packed copy must follow
         assert not torch.allclose(torch.nn.functional.linear(x, plain.weight, plain.bias), expected, rtol=1e-2, atol=1e-2)
         torch.testing.assert_close(model(x), torch.nn.functional.linear(x, plain.weight, plain.bias), rtol=1e-2, atol=1e-2)
+
+
+def test_bfloat16_without_native_support_loads_with_a_warning(tmp_path, monkeypatch, caplog):
+    """On a CPU without AMX or AVX512-BF16 bf16 weights run, slowly: the loader says so."""
+    import logging
+
+    import aiayn.pretrained as pretrained
+
+    path = save_pretrained(tmp_path / "m", tiny("tiny-decoder-only"))
+    monkeypatch.setattr(pretrained, "native_bf16", lambda device: False)
+    with caplog.at_level(logging.WARNING, logger="aiayn.pretrained"):
+        model = load_pretrained(path, dtype="bfloat16").model
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert "without native bf16" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(pretrained, "native_bf16", lambda device: True)
+    with caplog.at_level(logging.WARNING, logger="aiayn.pretrained"):
+        load_pretrained(path, dtype="bfloat16")
+    assert "without native bf16" not in caplog.text
