@@ -5,7 +5,7 @@
 ['A dog is running.']
 
 ``path`` is one of our model directories, a training checkpoint or run directory, or a Hugging Face
-model directory (GPT-2, BERT, Marian, BART: imported in memory, with its own tokenizer). The methods
+model directory (GPT-2, GPT-NeoX, BERT, RoBERTa-PreLN, Marian, BART, mBART: imported in memory, with its own tokenizer). The methods
 are thin calls into :mod:`aiayn.decoding.text`, the same path the CLI takes.
 """
 
