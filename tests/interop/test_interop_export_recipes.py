@@ -158,3 +158,16 @@ def test_pre_ln_encoder_decoder_exports_as_mbart(positions, tmp_path):
 def test_an_encoder_decoder_without_embedding_norm_is_refused_naming_the_field(tmp_path):
     with pytest.raises(ConfigError, match="embedding_norm=False"):
         save_hf(tmp_path, _random(multi30k_type(embedding_norm=False)))
+
+
+def test_the_sst2_minilm_model_is_refused_naming_its_mean_pooling(tmp_path):
+    """recipes/sst2-minilm.yaml's model (an imported BertModel, a new classifier on the mean-pooled output):
+    BertForSequenceClassification classifies the pooled [CLS], so no transformers class holds it."""
+    from interop_helpers import bert
+
+    imported = load_hf(bert("BertModel"))
+    config = imported.config.replace(pooling="mean", n_classes=2)
+    with pytest.raises(ConfigError, match="pooling='mean'"):
+        save_hf(tmp_path, _random(config))
+    exported = save_hf(tmp_path / "cls", _random(config.replace(pooling="cls")))  # [CLS] pooling exports
+    assert exported.architecture == "BertForSequenceClassification"
