@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.generation import generate
 from aiayn.decoding.sampling import GenerationConfig
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     torch.set_num_threads(threads)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps([{**asdict(r), "summary": r.summary()} for r in results], indent=1))
+        atomic_write_bytes(args.out, json.dumps([{**asdict(r), "summary": r.summary()} for r in results], indent=1).encode())
     return results
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.viz.complexity import default_lengths
 
 HELP = "benchmark attention (math, sdpa) against an LSTM and a convolution as the sequence grows"
@@ -96,6 +97,6 @@ def _write(result: Any, plot: Callable[[Any, Path], Path], stem: Path) -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     png = plot(result, stem.with_suffix(".png"))
     data = stem.with_suffix(".json")
-    data.write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
+    atomic_write_bytes(data, (json.dumps(result.to_dict(), indent=1) + "\n").encode())
     print(f"wrote {png} and {data}")
     return 0

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from aiayn.checkpoint.atomic_io import atomic_write_bytes
+
 HELP = "run an experiment that tests a claim about the Transformer (scaling, prenorm, positions, heads, smoothing, efficient)"
 
 
@@ -17,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds; for tests, not for conclusions)")
     parser.add_argument("--out", type=Path, default=Path("lab"), help="directory for the plot and the JSON result (default: lab)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where the data sets are, for the labs that read one (efficient: Tiny Shakespeare); "
+                             "default: $AIAYN_DATA_DIR, then the user cache")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,9 +30,9 @@ def run(args: argparse.Namespace) -> int:
     names = list(LABS) if args.name == "all" else [args.name]
     for name in names:
         print(f"running lab {name}{' (quick)' if args.quick else ''}...", flush=True)
-        result = run_lab(name, quick=args.quick, out_dir=args.out, seed=args.seed)
+        result = run_lab(name, quick=args.quick, out_dir=args.out, seed=args.seed, data_dir=args.data_dir)
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"lab_{name}.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n", encoding="utf-8")
+        atomic_write_bytes(args.out / f"lab_{name}.json", (json.dumps(result.to_dict(), indent=1) + "\n").encode())
         print(result.format())
         print()
     return 0

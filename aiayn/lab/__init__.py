@@ -24,11 +24,14 @@ LABS: dict[str, str] = {
 }
 
 
-def run_lab(name: str, *, quick: bool = False, out_dir: str | Path = "lab", seed: int = 0) -> LabResult:
-    """Run the experiment ``name``; raises ``ValueError`` for an unknown name."""
+def run_lab(
+    name: str, *, quick: bool = False, out_dir: str | Path = "lab", seed: int = 0, data_dir: str | Path | None = None
+) -> LabResult:
+    """Run the experiment ``name``; raises ``ValueError`` for an unknown name. ``data_dir``: where the data sets
+    are, for the labs that read one (default: ``$AIAYN_DATA_DIR``, then the user cache)."""
     if name not in LABS:
         raise ValueError(f"unknown lab {name!r}; valid labs: {', '.join(LABS)}")
     module = importlib.import_module(f"aiayn.lab.{name}")
-    result: LabResult = module.run(quick=quick, out_dir=Path(out_dir), seed=seed)
+    result: LabResult = module.run(quick=quick, out_dir=Path(out_dir), seed=seed, data_dir=Path(data_dir) if data_dir else None)
     result.quick = quick
     return result

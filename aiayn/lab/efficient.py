@@ -74,12 +74,13 @@ def _train(model: DecoderOnly, batches: Callable[[], tuple[Tensor, Tensor]], ste
     return losses
 
 
-def _shakespeare(quick: bool) -> tuple[str, str, str]:
+def _shakespeare(quick: bool, data_dir: Path | None) -> tuple[str, str, str]:
     """Train and validation text, and where they came from (a repeated toy text when the data is absent in quick mode)."""
     from aiayn.data.datasets import load_tinyshakespeare
 
     try:
-        return load_tinyshakespeare("train", download=False), load_tinyshakespeare("val", download=False), "tinyshakespeare"
+        train = load_tinyshakespeare("train", data_dir=data_dir, download=False)
+        return train, load_tinyshakespeare("val", data_dir=data_dir, download=False), "tinyshakespeare"
     except (FileNotFoundError, ValueError, OSError):
         if not quick:
             raise
@@ -87,10 +88,10 @@ def _shakespeare(quick: bool) -> tuple[str, str, str]:
         return toy, toy[:800], "toy text (tinyshakespeare not found; quick mode only)"
 
 
-def _text_quality(quick: bool, seed: int) -> dict[str, Any]:
+def _text_quality(quick: bool, seed: int, data_dir: Path | None) -> dict[str, Any]:
     from aiayn.tokenization.char import CharTokenizer
 
-    train_text, val_text, source = _shakespeare(quick)
+    train_text, val_text, source = _shakespeare(quick, data_dir)
     context, d_model, n_layers, steps, batch = (32, 16, 1, 4, 4) if quick else (64, 32, 2, 150, 16)
     tokenizer = CharTokenizer.train([train_text + val_text])
     train_ids = torch.tensor(tokenizer.encode(train_text))
@@ -162,7 +163,7 @@ def _recall(quick: bool, seed: int) -> dict[str, Any]:
             "steps": steps, "batch": batch, "accuracy": results, "chance": 1 / n_values}
 
 
-def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> LabResult:
+def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data_dir: Path | None = None) -> LabResult:
     from aiayn.viz.style import (
         SERIES_COLORS,
         new_figure,
@@ -175,7 +176,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> L
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # steadier timings on a shared machine, and the same for every variant
     try:
-        text = _text_quality(quick, seed)
+        text = _text_quality(quick, seed, data_dir)
         recall = _recall(quick, seed)
     finally:
         torch.set_num_threads(threads)

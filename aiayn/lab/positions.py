@@ -42,7 +42,7 @@ def _config(kind: str, d_model: int, max_len: int) -> EncoderDecoderConfig:
     )
 
 
-def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> LabResult:
+def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data_dir: Path | None = None) -> LabResult:
     from aiayn.viz.style import SERIES_COLORS, new_figure, save_figure, style_axes, style_context
 
     start = time.perf_counter()

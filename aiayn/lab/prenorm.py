@@ -53,7 +53,7 @@ def _init_grad_norms(model: EncoderDecoder, batch: tuple) -> list[float]:
     return norms
 
 
-def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> LabResult:
+def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data_dir: Path | None = None) -> LabResult:
     from aiayn.viz.style import SERIES_COLORS, new_figure, save_figure, style_axes, style_context
 
     start = time.perf_counter()

@@ -46,7 +46,7 @@ def measure(d_k: int, *, rows: int, keys: int, scaled: bool, generator: torch.Ge
     }
 
 
-def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> LabResult:
+def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data_dir: Path | None = None) -> LabResult:
     from aiayn.viz.style import SERIES_COLORS, new_figure, save_figure, style_axes, style_context
 
     start = time.perf_counter()

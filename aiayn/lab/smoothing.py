@@ -97,7 +97,7 @@ def _bleu(model: EncoderDecoder, pairs: list[tuple[list[int], list[int]]]) -> fl
     return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
 
 
-def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0) -> LabResult:
+def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data_dir: Path | None = None) -> LabResult:
     from aiayn.viz.style import SERIES_COLORS, new_figure, save_figure, style_axes, style_context
 
     start = time.perf_counter()

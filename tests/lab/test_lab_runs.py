@@ -48,3 +48,19 @@ def test_a_full_run_states_its_verdict_plainly():
 
     result = LabResult("x", "claim", "partly confirmed", "numbers", {"a": 1})
     assert result.format().startswith("lab x: PARTLY CONFIRMED")
+
+
+SHARED_DATA = __import__("pathlib").Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def test_efficient_lab_reads_the_data_dir_it_is_given(tmp_path, monkeypatch):
+    """--data-dir is where the lab looks first; an empty one (and no other source) falls back to the quick toy text."""
+    monkeypatch.delenv("AIAYN_DATA_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    empty = run_lab("efficient", quick=True, out_dir=tmp_path / "a", data_dir=tmp_path / "no-data")
+    assert "toy text" in empty.format()
+    if not (SHARED_DATA / "tinyshakespeare").is_dir():
+        pytest.skip(f"real data absent ({SHARED_DATA}): only the fallback was checked")
+    assert main(["lab", "efficient", "--quick", "--out", str(tmp_path / "b"), "--data-dir", str(SHARED_DATA)]) == 0
+    saved = json.loads((tmp_path / "b" / "lab_efficient.json").read_text())
+    assert "tinyshakespeare" in json.dumps(saved) and "toy text" not in json.dumps(saved)
