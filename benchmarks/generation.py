@@ -44,6 +44,7 @@ from aiayn.inference import (
     pack_linears,
     quantize_int8,
 )
+from aiayn.inference.precision import native_bf16
 from aiayn.interop.hf import load_hf
 
 log = logging.getLogger(__name__)
@@ -356,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> tuple[list[Row], list[tuple[int, 
 def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, float, bool]]]:
     shape, sizes = (QUICK_GPT, QUICK_MARIAN) if args.quick else (GPT2, MARIAN)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {time.strftime('%a %b %d %Y %H:%M UTC', time.gmtime())}")
+    if not native_bf16(torch.device("cpu")):
+        print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls are a slow generic loop, so bf16 rows measure that")
     rows: list[Row] = []
     if args.linears:
         for threads in args.threads:

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn import build_model
+from aiayn.inference.precision import native_bf16
 
 
 @dataclass(frozen=True)
@@ -305,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
 
 def _run(args: argparse.Namespace) -> list[Row]:
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if not native_bf16(torch.device("cpu")):
+        print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls are a slow generic loop, so bf16 rows measure that")
     peaks = {name: matmul_peak(dtype, args.peak_n) for name, dtype in DTYPES.items()}
     print(f"matmul peak ({args.peak_n}x{args.peak_n} torch.mm, best of 5): "
           + ", ".join(f"{name} {flops / 1e12:.3f} TFLOP/s" for name, flops in peaks.items()))
