@@ -16,43 +16,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from aiayn.interop.bart_family import NORM_EPS, config_fields_from_hf, config_fields_to_hf, need, output_bias_rule, stack_rules
+from aiayn.interop.bart_family import (
+    NORM_EPS,
+    bart_model_rules,
+    config_fields_from_hf,
+    config_fields_to_hf,
+    learned_position_rule,
+    need,
+)
 from aiayn.interop.common import Architecture, require_ours, warn_training_only
-from aiayn.interop.keymap import Rule, Transform
+from aiayn.interop.keymap import Rule
 from aiayn.models.config import EncoderDecoderConfig, TransformerConfig
 
 __all__ = ["BART"]
 
 NAME = "BartForConditionalGeneration"
-POSITION_OFFSET = 2  # BART's learned positions start at row 2
-
-
-def _positions() -> Transform:
-    """BART's ``(max_len + 2, D)`` table <-> our ``(max_len, D)``: rows 0 and 1 are never read."""
-    return Transform(
-        "drop-2-rows",
-        lambda t: (t[POSITION_OFFSET:].contiguous(),),
-        lambda t: torch.cat([t.new_zeros(POSITION_OFFSET, t.shape[1]), t]),
-    )
 
 
 def bart_rules(config: TransformerConfig) -> list[Rule]:
     assert isinstance(config, EncoderDecoderConfig)
-    tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
-    lm_head = ("lm_head.weight",) if config.tie_output else ()
-    rules = [Rule("model.shared.weight", ("src_embed.weight",), aliases=tied + lm_head)]
-    if not config.tie_output:
-        rules.append(Rule("lm_head.weight", ("output.weight",)))
-    for stack, side, n_layers in (("encoder", "src", config.n_encoder_layers), ("decoder", "tgt", config.n_decoder_layers)):
-        rules.append(Rule(f"model.{stack}.embed_positions.weight", (f"{side}_positions.weight",), _positions()))
-        for part in ("weight", "bias"):
-            rules.append(Rule(f"model.{stack}.layernorm_embedding.{part}", (f"{side}_embed_norm.{part}",)))
-        rules += stack_rules(stack, n_layers)
-    rules.append(output_bias_rule(config))
-    return rules
+    return bart_model_rules(config, positions=learned_position_rule, final_norm=False)
 
 
 def bart_config_from_hf(hf: dict[str, Any], weights: Mapping[str, Tensor]) -> EncoderDecoderConfig:

@@ -5,7 +5,7 @@ layer layout, the output bias, and most config fields. Used by :mod:`aiayn.inter
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -15,9 +15,26 @@ from aiayn.interop.common import ConfigError, hf_activation, layer_rules, our_ac
 from aiayn.interop.keymap import COPY, Rule, Transform, derived
 from aiayn.models.config import EncoderDecoderConfig
 
-__all__ = ["bart_layer_table", "stack_rules", "output_bias_rule", "has_output_bias", "config_fields_from_hf", "config_fields_to_hf", "need"]
+__all__ = [
+    "bart_layer_table", "stack_rules", "output_bias_rule", "has_output_bias", "config_fields_from_hf", "config_fields_to_hf", "need",
+    "POSITION_OFFSET", "learned_position_rule", "bart_model_rules",
+]
 
 NORM_EPS = 1e-5  # their LayerNorms use torch's default eps
+POSITION_OFFSET = 2  # BART's and mBART's learned positions start at row 2; rows 0 and 1 are never read
+
+
+OFFSET_POSITIONS = Transform(
+    "drop-2-rows",
+    lambda t: (t[POSITION_OFFSET:].contiguous(),),
+    lambda t: torch.cat([t.new_zeros(POSITION_OFFSET, t.shape[1]), t]),
+)
+
+
+def learned_position_rule(theirs: str, side: str) -> Rule:
+    """A BART-style ``(max_len + 2, D)`` position table <-> our ``{side}_positions`` ``(max_len, D)``: rows 0
+    and 1 are dropped on import and written as zeros on export."""
+    return Rule(theirs, (f"{side}_positions.weight",), OFFSET_POSITIONS)
 
 
 def bart_layer_table(
@@ -57,6 +74,26 @@ def stack_rules(stack: str, n_layers: int, *, reads: Transform = COPY, writes: T
     """The layer rules of ``stack`` (``"encoder"`` or ``"decoder"``, which adds cross-attention)."""
     table = bart_layer_table(cross=stack == "decoder", reads=reads, writes=writes)
     return layer_rules(table, n_layers, f"model.{stack}.layers.{{i}}.", f"{stack}.layers.{{i}}.")
+
+
+def bart_model_rules(config: EncoderDecoderConfig, *, positions: Callable[[str, str], Rule], final_norm: bool) -> list[Rule]:
+    """BART and mBART: one shared embedding (tied with the head unless ``tie_output`` is off), then per stack
+    its positions (``positions(their_key, side)`` with side ``"src"``/``"tgt"``), its embedding norm, mBART's
+    final ``layer_norm`` when ``final_norm``, its layers; and the output bias."""
+    tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
+    lm_head = ("lm_head.weight",) if config.tie_output else ()
+    rules = [Rule("model.shared.weight", ("src_embed.weight",), aliases=tied + lm_head)]
+    if not config.tie_output:
+        rules.append(Rule("lm_head.weight", ("output.weight",)))
+    for stack, side, n_layers in (("encoder", "src", config.n_encoder_layers), ("decoder", "tgt", config.n_decoder_layers)):
+        rules.append(positions(f"model.{stack}.embed_positions.weight", side))
+        for part in ("weight", "bias"):
+            rules.append(Rule(f"model.{stack}.layernorm_embedding.{part}", (f"{side}_embed_norm.{part}",)))
+            if final_norm:
+                rules.append(Rule(f"model.{stack}.layer_norm.{part}", (f"{stack}.norm.{part}",)))
+        rules += stack_rules(stack, n_layers)
+    rules.append(output_bias_rule(config))
+    return rules
 
 
 def has_output_bias(weights: Mapping[str, Tensor]) -> bool:

@@ -21,7 +21,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.interop.bart_family import NORM_EPS, config_fields_from_hf, config_fields_to_hf, need, output_bias_rule, stack_rules
+from aiayn.interop.bart_family import (
+    NORM_EPS,
+    POSITION_OFFSET,
+    bart_model_rules,
+    config_fields_from_hf,
+    config_fields_to_hf,
+    learned_position_rule,
+    need,
+)
 from aiayn.interop.common import Architecture, require_ours
 from aiayn.interop.keymap import Rule, Transform, derived
 from aiayn.models.config import EncoderDecoderConfig, TransformerConfig
@@ -31,17 +39,7 @@ from aiayn.tokenization.special import BOS_ID, EOS_ID
 __all__ = ["MBART"]
 
 NAME = "MBartForConditionalGeneration"
-POSITION_OFFSET = 2  # mBART's positions start at row 2, like BART's
 SINUSOID_ATOL = 1e-6
-
-
-def _learned_positions() -> Transform:
-    """mBART's ``(max_len + 2, D)`` table <-> our ``(max_len, D)``: rows 0 and 1 are never read."""
-    return Transform(
-        "drop-2-rows",
-        lambda t: (t[POSITION_OFFSET:].contiguous(),),
-        lambda t: torch.cat([t.new_zeros(POSITION_OFFSET, t.shape[1]), t]),
-    )
 
 
 def _sinusoid_positions(config: EncoderDecoderConfig) -> Transform:
@@ -65,23 +63,10 @@ def _holds_sinusoids(table: Tensor, base: float = 10000.0) -> bool:
 
 def mbart_rules(config: TransformerConfig) -> list[Rule]:
     assert isinstance(config, EncoderDecoderConfig)
-    tied = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
-    lm_head = ("lm_head.weight",) if config.tie_output else ()
-    rules = [Rule("model.shared.weight", ("src_embed.weight",), aliases=tied + lm_head)]
-    if not config.tie_output:
-        rules.append(Rule("lm_head.weight", ("output.weight",)))
-    for stack, side, n_layers in (("encoder", "src", config.n_encoder_layers), ("decoder", "tgt", config.n_decoder_layers)):
-        key = f"model.{stack}.embed_positions.weight"
-        if config.positions == "sinusoidal":
-            rules.append(Rule(key, (), _sinusoid_positions(config)))
-        else:
-            rules.append(Rule(key, (f"{side}_positions.weight",), _learned_positions()))
-        for part in ("weight", "bias"):
-            rules.append(Rule(f"model.{stack}.layernorm_embedding.{part}", (f"{side}_embed_norm.{part}",)))
-            rules.append(Rule(f"model.{stack}.layer_norm.{part}", (f"{stack}.norm.{part}",)))
-        rules += stack_rules(stack, n_layers)
-    rules.append(output_bias_rule(config))
-    return rules
+    if config.positions != "sinusoidal":
+        return bart_model_rules(config, positions=learned_position_rule, final_norm=True)
+    sinusoids = _sinusoid_positions(config)  # no weights of ours: derived on export, checked on import
+    return bart_model_rules(config, positions=lambda theirs, side: Rule(theirs, (), sinusoids), final_norm=True)
 
 
 def mbart_config_from_hf(hf: dict[str, Any], weights: Mapping[str, Tensor]) -> EncoderDecoderConfig:
