@@ -28,6 +28,14 @@ def _random(config, seed=0):
     return model
 
 
+def assert_imports_back(path, ours, config) -> None:
+    """The exported directory imports back as ``config`` with every weight of ``ours`` bit for bit."""
+    again = load_hf(path)
+    assert again.config == config
+    for key, value in ours.state_dict().items():
+        assert torch.equal(again.model.state_dict()[key], value), key
+
+
 def shakespeare_type(**overrides) -> DecoderOnlyConfig:
     """recipes/shakespeare-char.yaml's model, tiny."""
     fields = dict(vocab_size=50, n_layers=2, n_heads=4, d_model=32, d_ff=64, dropout=0.0, bias=False, activation="gelu",
@@ -87,10 +95,7 @@ def test_pre_ln_encoder_exports_as_roberta_prelayernorm(heads, tmp_path):
             assert ours.masked_lm_logits(hidden)[mask].argmax(-1).tolist() == theirs[mask].argmax(-1).tolist()
         else:
             assert (ours.classification_logits(hidden, mask) - theirs).abs().max() <= ATOL
-    again = load_hf(tmp_path)
-    assert again.config == config
-    for key, value in ours.state_dict().items():
-        assert torch.equal(again.model.state_dict()[key], value), key
+    assert_imports_back(tmp_path, ours, config)
 
 
 def test_a_model_no_class_holds_is_refused_naming_the_field(tmp_path):
@@ -116,10 +121,7 @@ def test_rotary_decoder_exports_as_gpt_neox(bias, tmp_path):
     from aiayn.decoding import CausalLMDecoder, greedy
 
     assert greedy(CausalLMDecoder(ours), x[:, :4], max_new_tokens=10, eos_id=None).tokens.tolist() == theirs[:, 4:].tolist()
-    again = load_hf(tmp_path)
-    assert again.config == config.replace(max_len=64)
-    for key, value in ours.state_dict().items():
-        assert torch.equal(again.model.state_dict()[key], value), key
+    assert_imports_back(tmp_path, ours, config.replace(max_len=64))
 
 
 def multi30k_type(**overrides) -> EncoderDecoderConfig:
@@ -149,10 +151,7 @@ def test_pre_ln_encoder_decoder_exports_as_mbart(positions, tmp_path):
     assert hf.config.decoder_start_token_id == 1 and generated[:, 0].tolist() == [1] * 3
     tokens, _ = greedy(ours, src, src_mask, start=1, eos=-1, pad=0, max_new_tokens=12)
     assert tokens.tolist() == generated[:, 1:].tolist()
-    again = load_hf(tmp_path)
-    assert again.config == config
-    for key, value in ours.state_dict().items():
-        assert torch.equal(again.model.state_dict()[key], value), key
+    assert_imports_back(tmp_path, ours, config)
 
 
 def test_an_encoder_decoder_without_embedding_norm_is_refused_naming_the_field(tmp_path):
