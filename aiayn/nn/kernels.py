@@ -88,6 +88,16 @@ class LocalKernel:
         if cache is not None:
             if not causal:
                 raise ValueError("a generation cache needs causal attention (attention='local' in a decoder)")
+            if q_len == 1 and not return_weights:
+                # One new token sees exactly the buffer after it is written: the last `window` keys.
+                # Their order in the ring does not matter (softmax sums over a set; positions are
+                # already in the keys), so no reordering and no band mask.
+                cache.append(k, v)
+                slots = cache.slot_mask(_key_padding(mask, cache.length, self.name))
+                out, _ = scaled_dot_product_attention(
+                    q, cache.k, cache.v, mask=None if slots is None else slots[:, None, None, :], backend=backend,  # type: ignore[arg-type]
+                )
+                return out, None
             recent = cache.recent()
             cache.append(k, v)
             if recent is not None:  # keys: the buffer's last few, then the new ones

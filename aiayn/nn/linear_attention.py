@@ -96,12 +96,13 @@ def causal_linear_attention(
     # Training on long sequences: segments recomputed in the backward pass (activation
     # checkpointing), the state carried from one to the next, so that only one segment's
     # intermediates exist at a time.
+    # split (not slicing) cuts the segments: its backward joins the gradients once, where each slice
+    # of the whole sequence would allocate a full-size gradient.
     s, z = state
     outs = []
-    for first in range(0, length, SEGMENT):
-        part = slice(first, first + SEGMENT)
-        mask = None if key_mask is None else key_mask[:, part]
-        out, s, z = checkpoint(_causal_chunks, q[:, :, part], k[:, :, part], v[:, :, part], mask, s, z, chunk, use_reentrant=False)
+    masks = [None] * len(range(0, length, SEGMENT)) if key_mask is None else key_mask.split(SEGMENT, dim=1)
+    for q_s, k_s, v_s, mask in zip(q.split(SEGMENT, dim=2), k.split(SEGMENT, dim=2), v.split(SEGMENT, dim=2), masks):
+        out, s, z = checkpoint(_causal_chunks, q_s, k_s, v_s, mask, s, z, chunk, use_reentrant=False)
         outs.append(out)
     return torch.cat(outs, dim=2), (s, z)
 

@@ -2,9 +2,11 @@
 
 Causal: query ``i`` sees keys ``i - window + 1 .. i``. Bidirectional: ``window`` keys centred on
 ``i`` (``i - window // 2 .. i + (window - 1) // 2``). Cost and memory are ``O(n * window)``: the
-sequence is cut into blocks of ``P >= window / 2`` queries, and each block attends only to its own
-and its neighbouring key blocks (the n x n score matrix is never formed). The reference is the full
-formula with a band mask (:func:`local_attention_reference`), which the tests compare against.
+sequence is cut into blocks of ``P`` queries (about half the window), and each block attends only
+to its own and its neighbouring key blocks (the n x n score matrix is never formed). The blocks are
+handed to PyTorch's fused attention kernel as if they were heads, with one band mask, so their
+scores are not stored either. The reference is the full formula with a band mask
+(:func:`local_attention_reference`), which the tests compare against.
 
 For generation, :class:`RingBufferCache` keeps only the last ``window`` keys and values, so the
 memory of a sequence stays constant however long it grows.
@@ -19,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from aiayn.nn.attention import scaled_dot_product_attention
 
-GROUP_QUERIES = 256  # queries per recomputed group when training on long sequences
+GROUP_QUERIES = 1024  # queries per recomputed group when training on long sequences
 
 __all__ = ["RingBufferCache", "local_attention", "local_attention_reference", "window_mask", "window_sides"]
 
@@ -63,9 +65,10 @@ def local_attention(
     """Blocked sliding-window attention of ``q (B, H, n, D)`` over ``k, v (B, Hkv, n, D|Dv)`` -> ``(B, H, n, Dv)``.
 
     ``key_mask``: ``(B|1, n)`` bool, ``True`` = real key. A query with no key in its window gets
-    zeros (and zero gradients). ``block``: queries per block (default: a quarter of the window's
-    longer side, at least 16, at most ``n``); a block sees the window rounded up to whole blocks,
-    plus its own block.
+    zeros (and zero gradients). ``block``: queries per block (default: half the window's longer
+    side, at least 16, at most ``n``); a block sees the window rounded up to whole blocks, plus its
+    own block. Each block is one "head" of PyTorch's fused attention kernel with a band mask, so
+    the scores are never stored.
     """
     batch, heads, n, head_dim = q.shape
     kv_heads = k.shape[1]
@@ -80,57 +83,71 @@ def local_attention(
         k = k.repeat_interleave(heads // kv_heads, dim=1)
         v = v.repeat_interleave(heads // kv_heads, dim=1)
     longer = max(left, right)
-    size = min(max(-(-longer // 4), 16), n) if block is None else block  # about a quarter of the window: little waste
+    size = min(max(-(-longer // 2), 16), n) if block is None else block  # half the window: a third of the keys wasted
     if size < 1:
         raise ValueError(f"block must be >= 1, got {size}")
     before = -(-left // size)  # key blocks to the left of a query block that the window can reach
     after = -(-right // size)
-    n_blocks = -(-n // size)
     reach = before + after  # key blocks a query block needs beyond its own
+    span = (reach + 1) * size  # keys a block of queries is scored against
+    n_blocks = -(-n // size)
+    # Training on long sequences: runs ("groups") of blocks, each recomputed in the backward pass
+    # (activation checkpointing), so that only one group's intermediates exist at a time: memory
+    # O(n D), like the fused SDPA kernel over the whole sequence.
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    n_groups = -(-n_blocks // max(1, GROUP_QUERIES // size)) if training else 1
+    group_len = -(-n_blocks // n_groups) * size  # queries per group, evened out so the last group wastes little
     valid = torch.ones(1, n, dtype=torch.bool, device=q.device) if key_mask is None else key_mask  # (B|1, n)
-    # Which (query, key) offsets are inside the window: the same (P, span) band for every block.
     row = torch.arange(size, device=q.device)[:, None]  # query offset in its block
-    col = torch.arange((reach + 1) * size, device=q.device)[None, :] - before * size  # key offset from the block start
-    band = (col - row >= -left) & (col - row <= right)
-    half = q.dtype in (torch.float16, torch.bfloat16)
+    col = torch.arange(span, device=q.device)[None, :] - before * size  # key offset from the block start
+    band = (col - row >= -left) & (col - row <= right)  # the same (P, span) band for every block
 
-    def attend_blocks(q_g: Tensor, k_g: Tensor, v_g: Tensor, valid_g: Tensor, pad_q: int, pad_lo: int, pad_hi: int) -> Tensor:
-        """A run of ``m`` query blocks over the keys they can see. The zero padding at both ends (never
-        attended: its validity is False) is added here, so only one run's padded copies exist at a time."""
-        q_g = F.pad(q_g * head_dim**-0.5, (0, 0, 0, pad_q))  # scaled by 1/sqrt(d_k) here: n*D work, not n*span
-        k_g, v_g = (F.pad(x, (0, 0, pad_lo, pad_hi)) for x in (k_g, v_g))  # (B, H, (m + reach) P, D)
-        valid_g = F.pad(valid_g, (pad_lo, pad_hi), value=False)
-        m = q_g.shape[2] // size
+    def attend_blocks(q_g: Tensor, k_parts: list[Tensor], v_parts: list[Tensor], valid_parts: list[Tensor], pad_lo: int, pad_hi: int) -> Tensor:
+        """One group of query blocks over the keys they can see (given in pieces, joined here, and
+        padded at the sequence's ends with invalid zero keys, so that only one group's copy exists)."""
+        m = -(-q_g.shape[2] // size)
+        q_g = F.pad(q_g, (0, 0, 0, m * size - q_g.shape[2]))
+        k_g, v_g = (F.pad(torch.cat(x, dim=2), (0, 0, pad_lo, pad_hi)) for x in (k_parts, v_parts))  # (B, H, (m + reach) P, E)
+        valid_g = F.pad(torch.cat(valid_parts, dim=-1), (pad_lo, pad_hi), value=False)[..., None]
 
-        def neighbours(x: Tensor) -> Tensor:  # (..., (m + reach) P, E) -> (..., m, span, E), blocks side by side
-            blocks = x.reshape(*x.shape[:-2], m + reach, size, x.shape[-1])
-            return torch.cat([blocks[..., o : o + m, :, :] for o in range(reach + 1)], dim=-2)
+        def neighbours(x: Tensor) -> Tensor:  # (..., (m + reach) P, E) -> (..., m, span, E): overlapping views
+            return x.as_strided((*x.shape[:-2], m, span, x.shape[-1]), (*x.stride()[:-2], size * x.stride(-2), x.stride(-2), 1))
 
-        scores = q_g.view(batch, heads, m, size, head_dim) @ neighbours(k_g).transpose(-1, -2)  # (B, H, m, P, span)
-        allowed = band[None] & neighbours(valid_g[..., None])[..., None, :, 0]  # (B|1, m, P, span)
-        has_key = allowed.any(dim=-1, keepdim=True)
-        allowed = (allowed | ~has_key)[:, None]  # empty rows attend anywhere, then are zeroed
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None).to(q.dtype)
-        if dropout_p > 0.0:
-            weights = F.dropout(weights, p=dropout_p)
-        out = (weights @ neighbours(v_g)).masked_fill(~has_key[:, None], 0.0)  # (B, H, m, P, Dv)
+        allowed = band & neighbours(valid_g)[..., None, :, 0]  # (B|1, m, P, span)
+        has_key = allowed.any(dim=-1, keepdim=True)  # a padded query may see no key: attend anywhere, then zero
+        mask = (allowed | ~has_key)[:, None]  # (B|1, 1, m, P, span)
+        if mask.shape[0] > 1:
+            mask = mask.expand(batch, heads, m, size, span)
+        blocks = q_g.reshape(batch * heads, m, size, head_dim)  # the blocks become the heads of one SDPA call
+        keys, values = (neighbours(x).reshape(batch * heads, m, span, x.shape[-1]) for x in (k_g, v_g))
+        out = F.scaled_dot_product_attention(blocks, keys, values, attn_mask=mask.reshape(-1, m, size, span), dropout_p=dropout_p)
+        out = out.view(batch, heads, m, size, -1)
+        if not bool(has_key.all()):
+            out = out.masked_fill(~has_key[:, None], 0.0)
         return out.reshape(batch, heads, m * size, v.shape[-1])
 
-    # Training on long sequences: runs of blocks, each recomputed in the backward pass (activation
-    # checkpointing), so that only one run's scores exist at a time: memory O(n D), like the fused
-    # SDPA kernel, instead of O(n w).
-    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    step = max(1, GROUP_QUERIES // size) if training else n_blocks
+    # split (not slicing) cuts the sequence: its backward joins the gradients once, where each
+    # slice of the whole sequence would allocate a full-size gradient.
+    k_chunks, v_chunks, valid_chunks = k.split(group_len, dim=2), v.split(group_len, dim=2), valid.split(group_len, dim=-1)
+
+    def pieces(chunks: tuple[Tensor, ...], start: int, end: int) -> list[Tensor]:
+        """Positions ``start .. end - 1`` (clipped to the sequence) out of the chunks, along their last-but-one or last axis."""
+        axis = chunks[0].dim() - (1 if chunks[0].dtype == torch.bool else 2)
+        found = []
+        for index, chunk in enumerate(chunks):
+            lo, hi = max(start - index * group_len, 0), min(end - index * group_len, chunk.shape[axis])
+            if lo < hi:
+                found.append(chunk.narrow(axis, lo, hi - lo))
+        return found
+
     outs = []
-    for first in range(0, n_blocks, step):
-        last = min(first + step, n_blocks)
-        start, end = (first - before) * size, (last + after) * size  # the keys this run of blocks can see
-        keys = slice(max(start, 0), min(end, n))
-        args = (q[:, :, first * size : last * size], k[:, :, keys], v[:, :, keys], valid[:, keys],
-                max(0, last * size - n), max(0, -start), end - min(end, n))
-        outs.append(attend_blocks(*args) if step >= n_blocks else checkpoint(attend_blocks, *args, use_reentrant=False))
-    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))[:, :, :n]  # drop the padded queries
+    for index, q_g in enumerate(q.split(group_len, dim=2)):
+        start = index * group_len - before * size  # the keys this group can see
+        end = index * group_len + -(-q_g.shape[2] // size) * size + after * size
+        args = (q_g, pieces(k_chunks, start, end), pieces(v_chunks, start, end), pieces(valid_chunks, start, end),
+                max(0, -start), max(0, end - n))
+        outs.append(attend_blocks(*args) if n_groups == 1 else checkpoint(attend_blocks, *args, use_reentrant=False))
+    return (outs[0] if n_groups == 1 else torch.cat(outs, dim=2))[:, :, :n]  # drop the padded queries
 
 
 class RingBufferCache:
@@ -159,6 +176,18 @@ class RingBufferCache:
         count = min(self.length, self.window)
         index = (torch.arange(count, device=self.k.device) + self.length - count) % self.window
         return self.k.index_select(2, index), self.v.index_select(2, index)
+
+    def slot_mask(self, key_mask: Tensor | None) -> Tensor | None:
+        """Which of the ``window`` slots hold a real key, ``(B|1, window)`` bool; ``None`` when all do.
+
+        ``key_mask``: ``(B|1, length)`` bool over every position so far (``True`` = real key), or ``None``.
+        """
+        slots = torch.arange(self.window, device=self.k.device if self.k is not None else None)
+        last = self.length - 1
+        position = last - (last - slots) % self.window  # the newest position written to each slot; < 0: empty
+        if key_mask is None:
+            return None if self.length >= self.window else (position >= 0)[None]
+        return key_mask[:, position.clamp(min=0)] & (position >= 0)
 
     def append(self, k: Tensor, v: Tensor) -> None:
         """Write ``k, v (B, Hkv, T, D)`` over the oldest slots (only the last ``window`` of them matter)."""

@@ -117,3 +117,33 @@ def test_cached_steps_equal_the_parallel_pass():
     parts += [kernel(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], cache=cache, **args)[0] for i in range(5, 9)]
     parts.append(kernel(q[:, :, 9:], k[:, :, 9:], v[:, :, 9:], cache=cache, **args)[0])  # 3 at once after the buffer
     torch.testing.assert_close(torch.cat(parts, dim=2), full)
+
+
+def test_single_token_steps_read_the_ring_in_any_order_with_padding():
+    """One token at a time from an empty cache (slots filling, then wrapping), with left padding in one row:
+    attending the unordered ring buffer equals the parallel pass."""
+    q, k, v = inputs(11, dtype=torch.float32)
+    q, k, v = (x.expand(2, -1, -1, -1).contiguous() for x in (q, k, v))
+    padding = torch.ones(2, 11, dtype=torch.bool)
+    padding[1, :3] = False  # row 1 starts with 3 padding positions
+    kernel = LocalKernel(4)
+    args = dict(causal=True, bias=None, dropout_p=0.0, backend="sdpa", return_weights=False)
+    full, _ = kernel(q, k, v, mask=padding[:, None, None, :], cache=None, **args)
+    cache = kernel.new_cache()
+    steps = [kernel(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], cache=cache,
+                    mask=padding[:, None, None, : i + 1], **args)[0] for i in range(11)]
+    torch.testing.assert_close(torch.cat(steps, dim=2)[1, :, 3:], full[1, :, 3:])  # padded queries: no real output
+    torch.testing.assert_close(torch.cat(steps, dim=2)[0], full[0])
+    assert cache.slot_mask(None) is None and cache.slot_mask(padding).tolist()[1] == [True, True, True, True]
+
+
+def test_slot_mask_while_the_ring_fills():
+    cache = RingBufferCache(4)
+    one = torch.zeros(1, 1, 1, 2)
+    cache.append(one, one)
+    assert cache.slot_mask(None).tolist() == [[True, False, False, False]]
+    for _ in range(4):
+        cache.append(one, one)  # 5 positions: slot 0 now holds position 4
+    padding = torch.tensor([[False, False, True, True, True]])
+    assert cache.slot_mask(None) is None
+    assert cache.slot_mask(padding).tolist() == [[True, False, True, True]]  # slot 1 holds position 1 (padding)

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from aiayn.models.presets import model_class, preset
 from aiayn.nn import attention as attention_module
-from aiayn.nn.cache import KVCache
 from aiayn.nn.attention import AUTO_MATH_MAX_KEYS, resolve_backend, scaled_dot_product_attention
+from aiayn.nn.cache import KVCache
 from aiayn.nn.feedforward import PositionwiseFeedForward
 from aiayn.nn.multihead import MultiHeadAttention
 
