@@ -45,3 +45,18 @@ def test_synthetic_language_reorders_and_pads():
     assert batch[2].tolist() == [[40, 41, EOS_ID], [42, EOS_ID, PAD_ID]]
     ambiguous = [w for w, opts in lang.translations.items() if len(opts) == 2]
     assert len(ambiguous) == math.ceil((8 + 16) / 3)
+
+
+def test_recall_batch_asks_every_key_once_and_targets_its_value():
+    from aiayn.lab.efficient import recall_batch
+
+    x, y = recall_batch(3, 5, 8, 6, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (3, 20)
+    for row in range(3):
+        shown = dict(zip(x[row, 0:10:2].tolist(), x[row, 1:10:2].tolist()))
+        assert len(shown) == 5 and all(k < 8 <= v < 14 for k, v in shown.items())  # distinct keys, values after the keys
+        asked = x[row, 10::2].tolist()
+        assert sorted(asked) == sorted(shown)  # every key asked once, in some order
+        assert x[row, 11::2].tolist() == [shown[k] for k in asked]  # each followed by its value
+        assert y[row, 10::2].tolist() == [shown[k] for k in asked]  # the target at each asked key: its value
+        assert (y[row, :10] == -100).all() and (y[row, 11::2] == -100).all()
