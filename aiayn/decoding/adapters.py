@@ -81,8 +81,8 @@ class Seq2SeqDecoder:
         state.append(tokens)
         return self._logits(state, tokens[:, None])
 
-    def reorder(self, state: DecodeState, index: Tensor) -> None:
-        state.select(index)
+    def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
+        state.select(index, same_sources=same_sources)
 
     def _logits(self, state: DecodeState, new: Tensor) -> Tensor:
         if state.memory is None:
@@ -158,8 +158,8 @@ class CausalLMDecoder:
             logits = self.model(state.tokens, self._pad_mask(state), offset=self._offset(state, 0))
         return logits[:, -1]
 
-    def reorder(self, state: DecodeState, index: Tensor) -> None:
-        state.select(index)
+    def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
+        state.select(index, same_sources=same_sources)
 
     def _outgrows_window(self, state: DecodeState) -> bool:
         """Whether the longest row no longer fits the learned positions (a host read, learned positions only)."""

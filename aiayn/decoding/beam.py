@@ -137,7 +137,8 @@ def beam_search(
             done[b] = _source_done(finished[b], best_live, t + 1, max_new[b], config)
         if all(done):
             break
-        decoder.reorder(state, (torch.arange(batch, device=device)[:, None] * beams + next_beam).view(-1))
+        # Every beam stays with its source: the encoder output and cross-attention keys are kept as they are.
+        decoder.reorder(state, (torch.arange(batch, device=device)[:, None] * beams + next_beam).view(-1), same_sources=True)
         scores = next_scores
         logits = decoder.step(next_token.view(-1), state)
 

@@ -91,9 +91,9 @@ class EnsembleDecoder:
     def step(self, tokens: Tensor, state: EnsembleState) -> Tensor:
         return mean_logits([m.step(tokens, s) for m, s in zip(self.members, state.members)])
 
-    def reorder(self, state: EnsembleState, index: Tensor) -> None:
+    def reorder(self, state: EnsembleState, index: Tensor, *, same_sources: bool = False) -> None:
         for member, s in zip(self.members, state.members):
-            member.reorder(s, index)
+            member.reorder(s, index, same_sources=same_sources)
 
 
 def ensemble(members: Sequence[Decoder]) -> Decoder:

@@ -60,14 +60,20 @@ class DecodeState:
         self.tokens = torch.cat([self.tokens, tokens[:, None]], dim=1)
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
 
-    def select(self, index: Tensor) -> None:
-        """Keep rows ``index`` of every per-row field (the cache included)."""
+    def select(self, index: Tensor, *, same_sources: bool = False) -> None:
+        """Keep rows ``index`` of every per-row field (the cache included).
+
+        ``same_sources``: the caller promises that each row is replaced by a row of the same source
+        (beam search, after the first expansion); what depends on the source only (the encoder
+        output, its mask, the cross-attention keys and values) is then the same and is kept as is."""
         self.tokens = self.tokens.index_select(0, index)
         self.mask = self.mask.index_select(0, index)
         self.max_new_tokens = self.max_new_tokens.index_select(0, index)
         self.pads = self.pads.index_select(0, index)
         if self.cache is not None:
-            self.cache.reorder(index)
+            self.cache.reorder(index, self_only=same_sources)
+        if same_sources:
+            return
         if self.memory is not None:
             self.memory = self.memory.index_select(0, index)
         if self.memory_mask is not None:
@@ -90,8 +96,9 @@ class Decoder(Protocol):
         """Feed ``tokens (B,)``; return the logits ``(B, V)`` for the next token."""
         ...
 
-    def reorder(self, state: DecodeState, index: Tensor) -> None:
-        """Keep rows ``index (B',)`` of ``state``, in that order (repeats allowed)."""
+    def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
+        """Keep rows ``index (B',)`` of ``state``, in that order (repeats allowed); ``same_sources``: see
+        :meth:`DecodeState.select`."""
         ...
 
 

@@ -42,8 +42,8 @@ class StaticState(DecodeState):
     key_mask: Tensor | None = None
     column: Tensor | None = None
 
-    def select(self, index: Tensor) -> None:
-        super().select(index)
+    def select(self, index: Tensor, *, same_sources: bool = False) -> None:
+        super().select(index, same_sources=same_sources)
         self.key_mask = self.key_mask.index_select(0, index)  # type: ignore[union-attr]
 
 
@@ -144,5 +144,5 @@ class StaticCausalLMDecoder:
         column.add_(1)  # in place: the cache's write columns follow
         return logits
 
-    def reorder(self, state: DecodeState, index: Tensor) -> None:
-        state.select(index)
+    def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
+        state.select(index, same_sources=same_sources)

@@ -69,9 +69,10 @@ class KVCache:
         """How many positions the decoder has processed: the position of the next token."""
         return self.self_attn[0].length if self.self_attn else 0
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` in every layer."""
-        for cache in self.self_attn + (self.cross_attn or []):
+    def reorder(self, index: Tensor, *, self_only: bool = False) -> None:
+        """Keep batch rows ``index`` in every layer (``self_only``: leave the cross-attention caches,
+        when every row keeps its source and so its encoder keys and values)."""
+        for cache in self.self_attn + ([] if self_only else (self.cross_attn or [])):
             cache.reorder(index)
 
 
@@ -114,6 +115,6 @@ class StaticKVCache:
         for layer in self.self_attn:
             layer.write_at = columns
 
-    def reorder(self, index: Tensor) -> None:
-        for layer in self.self_attn:
+    def reorder(self, index: Tensor, *, self_only: bool = False) -> None:
+        for layer in self.self_attn:  # no cross-attention here: self_only changes nothing
             layer.reorder(index)

@@ -52,8 +52,8 @@ class TableDecoder:
         state.append(tokens)
         return self._logits(state)
 
-    def reorder(self, state, index):
-        state.select(index)
+    def reorder(self, state, index, *, same_sources=False):
+        state.select(index, same_sources=same_sources)
 
     def _logits(self, state):
         rows = []

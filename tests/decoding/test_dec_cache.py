@@ -81,6 +81,28 @@ def test_reorder_keeps_each_rows_cache(name):
     torch.testing.assert_close(decoder.step(token[index], state2), reference[index], atol=1e-5, rtol=0)
 
 
+def test_reorder_within_sources_keeps_the_encoder_side_untouched():
+    """same_sources=True (beam search after its first expansion) reorders the self-attention caches
+    only; the encoder output and cross-attention keys stay the same objects, and the next logits
+    equal those of a full reorder."""
+    _, make, pad = family("encoder-decoder", "sinusoidal")
+    ids, mask = pad(random_rows([4, 3]))
+    expand = torch.tensor([0, 0, 1, 1])  # two beams per source
+    within = torch.tensor([1, 1, 3, 2])  # each beam replaced by a beam of its own source
+    states = []
+    for same_sources in (False, True):
+        decoder = make()
+        state, _ = decoder.start(ids, mask, max_new_tokens=4)
+        decoder.reorder(state, expand)
+        decoder.step(torch.tensor([9, 10, 11, 12]), state)
+        memory, cross_k = state.memory, state.cache.cross_attn[0].k
+        decoder.reorder(state, within, same_sources=same_sources)
+        if same_sources:
+            assert state.memory is memory and state.cache.cross_attn[0].k is cross_k
+        states.append(decoder.step(torch.tensor([13, 14, 15, 16]), state))
+    torch.testing.assert_close(states[1], states[0], atol=0, rtol=0)
+
+
 def test_cross_attention_keys_are_projected_once():
     model = enc_dec()
     calls = []
