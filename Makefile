@@ -20,8 +20,10 @@ DATA_DIR ?= $(if $(wildcard ../shared/data/multi30k),../shared/data)
 demo: setup
 	$(VENV)/bin/aiayn demo $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
+# One pytest worker per core (pytest-xdist), each running torch on one thread (tests/conftest.py);
+# worksteal rebalances when a few long tests (the tutorial, torchrun chains) land on one worker.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 # ruff (lint) and mypy on the package, as configured in pyproject.toml.
 lint: setup
