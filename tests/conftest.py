@@ -8,3 +8,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "training"))
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked slow run first (in collection order otherwise), so that with several workers
+    the long ones start early and the short ones fill in around them, instead of one long test
+    starting last and running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,5 +1,6 @@
 """The copy task: a tiny encoder-decoder learns to copy random sequences (the end-to-end check)."""
 
+import pytest
 import torch
 
 from aiayn.tasks.copy import PASS_THRESHOLD, copy_batch, train_copy_task
@@ -18,6 +19,7 @@ def test_untrained_model_does_not_copy():
     assert result.exact_match < 0.05
 
 
+@pytest.mark.slow
 def test_learns_to_copy():
     """>= 90% of whole sequences copied exactly (an untrained model: ~0%), in half the default steps
     at twice the default peak learning rate, to keep the suite short. The exact figure depends on float
