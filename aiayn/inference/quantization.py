@@ -26,6 +26,19 @@ QUANTIZATIONS: tuple[str, ...] = ("none", "int8")
 _KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give wrong results or crash)
 
 
+@torch.library.custom_op("aiayn::weight_int8_mm", mutates_args=())
+def weight_int8_mm(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """torch's CPU kernel ``_weight_int8pack_mm`` behind an opaque op: ``torch.compile`` calls it as it
+    is. (Inductor's own lowering of the kernel fails in torch 2.13 on a CPU without AMX, with
+    "LoweringException: AssertionError: Pointwise", when its input comes from a fused cast.)"""
+    return torch.ops.aten._weight_int8pack_mm(x.contiguous(), weight, scale)
+
+
+@weight_int8_mm.register_fake
+def _(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
 def parse_quantize(value: str | None, *, name: str = "quantize") -> str | None:
     """``"int8"`` -> ``"int8"``; ``None`` or ``"none"`` -> ``None``. Raises ``ValueError`` naming the choices."""
     if value is None or value == "none":
@@ -93,7 +106,7 @@ class Int8Linear(nn.Module):
         compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         flat = x.reshape(-1, self.in_features).to(compute)  # (M, K): the kernel takes 2-D inputs
         if self.in_features % _KERNEL_K_MULTIPLE == 0:
-            out = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.weight, self.scale.to(compute))
+            out = weight_int8_mm(flat, self.weight, self.scale.to(compute))
         else:  # correct but slow: dequantise per call (the kernel requires K % 16 == 0)
             out = F.linear(flat, self.weight.to(compute) * self.scale.to(compute)[:, None])
         if self.bias is not None:

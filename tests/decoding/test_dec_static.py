@@ -55,3 +55,16 @@ def test_compiled_decode_step_gives_the_eager_tokens():
     eager = generate(StaticCausalLMDecoder(model), ids, mask, CONFIG).tokens
     compiled = generate(StaticCausalLMDecoder(model, compile=True), ids, mask, CONFIG).tokens
     assert torch.equal(compiled, eager)
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_with_int8_weights_gives_the_eager_tokens():
+    """int8 weights compile too: the kernel is an opaque op to torch.compile (inductor's own lowering of
+    _weight_int8pack_mm failed in torch 2.13 on a CPU without AMX)."""
+    from aiayn.inference.quantization import quantize_int8
+
+    model = quantize_int8(gpt("sinusoidal", d_model=32))
+    ids, mask = left_pad(random_rows([5, 2, 3]))
+    eager = generate(StaticCausalLMDecoder(model), ids, mask, CONFIG).tokens
+    compiled = generate(StaticCausalLMDecoder(model, compile=True), ids, mask, CONFIG).tokens
+    assert torch.equal(compiled, eager)
