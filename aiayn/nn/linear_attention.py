@@ -15,6 +15,8 @@ There are no attention weights to return: the ``n x n`` matrix is never formed.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -100,7 +102,7 @@ def causal_linear_attention(
     # of the whole sequence would allocate a full-size gradient.
     s, z = state
     outs = []
-    masks = [None] * len(range(0, length, SEGMENT)) if key_mask is None else key_mask.split(SEGMENT, dim=1)
+    masks = repeat(None) if key_mask is None else key_mask.split(SEGMENT, dim=1)
     for q_s, k_s, v_s, mask in zip(q.split(SEGMENT, dim=2), k.split(SEGMENT, dim=2), v.split(SEGMENT, dim=2), masks):
         out, s, z = checkpoint(_causal_chunks, q_s, k_s, v_s, mask, s, z, chunk, use_reentrant=False)
         outs.append(out)

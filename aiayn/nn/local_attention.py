@@ -130,21 +130,20 @@ def local_attention(
     # slice of the whole sequence would allocate a full-size gradient.
     k_chunks, v_chunks, valid_chunks = k.split(group_len, dim=2), v.split(group_len, dim=2), valid.split(group_len, dim=-1)
 
-    def pieces(chunks: tuple[Tensor, ...], start: int, end: int) -> list[Tensor]:
-        """Positions ``start .. end - 1`` (clipped to the sequence) out of the chunks, along their last-but-one or last axis."""
-        axis = chunks[0].dim() - (1 if chunks[0].dtype == torch.bool else 2)
+    def pieces(chunks: tuple[Tensor, ...], start: int, end: int, axis: int) -> list[Tensor]:
+        """Positions ``start .. end - 1`` (clipped to the sequence) along ``axis``, out of the chunks that hold them."""
+        start, end = max(start, 0), min(end, n)
         found = []
-        for index, chunk in enumerate(chunks):
-            lo, hi = max(start - index * group_len, 0), min(end - index * group_len, chunk.shape[axis])
-            if lo < hi:
-                found.append(chunk.narrow(axis, lo, hi - lo))
+        for i in range(start // group_len, (end - 1) // group_len + 1):  # the chunks that hold start .. end - 1
+            lo, hi = max(start - i * group_len, 0), min(end - i * group_len, group_len)
+            found.append(chunks[i].narrow(axis, lo, hi - lo))
         return found
 
     outs = []
     for index, q_g in enumerate(q.split(group_len, dim=2)):
         start = index * group_len - before * size  # the keys this group can see
         end = index * group_len + -(-q_g.shape[2] // size) * size + after * size
-        args = (q_g, pieces(k_chunks, start, end), pieces(v_chunks, start, end), pieces(valid_chunks, start, end),
+        args = (q_g, pieces(k_chunks, start, end, 2), pieces(v_chunks, start, end, 2), pieces(valid_chunks, start, end, 1),
                 max(0, -start), max(0, end - n))
         outs.append(attend_blocks(*args) if n_groups == 1 else checkpoint(attend_blocks, *args, use_reentrant=False))
     return (outs[0] if n_groups == 1 else torch.cat(outs, dim=2))[:, :, :n]  # drop the padded queries

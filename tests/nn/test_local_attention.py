@@ -39,15 +39,17 @@ def test_blocked_equals_masked_softmax_forward_and_backward(causal, window):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("window, block", [(9, None), (30, 4)], ids=["halo-one-group", "halo-several-groups"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-def test_recomputed_groups_equal_the_reference(monkeypatch, causal):
-    """Long training sequences go through checkpointed groups of blocks: same values, same gradients."""
+def test_recomputed_groups_equal_the_reference(monkeypatch, causal, window, block):
+    """Long training sequences go through checkpointed groups of blocks: same values, same gradients
+    (also when a group's window reaches back over more than one earlier group)."""
     monkeypatch.setattr(local_module, "GROUP_QUERIES", 16)
     key_mask = torch.ones(2, 70, dtype=torch.bool)
     key_mask[0, 50:] = False
     q, k, v = inputs(70)
-    out = local_attention(q, k, v, window=9, causal=causal, key_mask=key_mask)
-    ref, _ = local_attention_reference(q, k, v, window=9, causal=causal, key_mask=key_mask, backend="math")
+    out = local_attention(q, k, v, window=window, causal=causal, key_mask=key_mask, block=block)
+    ref, _ = local_attention_reference(q, k, v, window=window, causal=causal, key_mask=key_mask, backend="math")
     torch.testing.assert_close(out, ref)
     weight = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad((out * weight).sum(), (q, k, v)), torch.autograd.grad((ref * weight).sum(), (q, k, v))):

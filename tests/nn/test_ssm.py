@@ -32,11 +32,11 @@ def test_left_padding_changes_nothing():
     torch.testing.assert_close(ssm(padded, pad_mask=mask)[:, 3:], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_scan_equals_the_recurrence_written_out():
+def test_the_layers_scan_equals_the_recurrence_written_out():
     g = torch.Generator().manual_seed(0)
     u, dt = torch.randn(1, 3, 2, generator=g), torch.rand(1, 3, 2, generator=g)
     a, b, c, d = -torch.rand(2, 2, generator=g), torch.randn(1, 3, 2, generator=g), torch.randn(1, 3, 2, generator=g), torch.randn(2, generator=g)
-    y, h = selective_scan(u, dt, a, b, c, d)
+    y, h = selective_scan_sequential(u, dt, a, b, c, d)  # what SelectiveSSM runs; the doubling scan is tested against it below
     state = torch.zeros(2, 2)
     for t in range(3):
         for e in range(2):
