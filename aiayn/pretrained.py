@@ -225,7 +225,7 @@ def prepare_for_inference(
             log.warning("dtype=bfloat16 on a %s without native bf16 matmuls (no AMX or AVX512-BF16): it runs, but "
                         "may be many times slower than float32 here", torch.device(device).type)
         cast_model(model, torch_dtype)  # once: no step re-casts a weight
-        pack_linears(model)  # half precision on the CPU: weights in oneDNN's layout, once
+    pack_linears(model)  # on the CPU: weights also in oneDNN's layout, once
     return model
 
 

@@ -5,7 +5,8 @@ Marian-shaped encoder-decoder, in one process, rounds interleaved, medians repor
 Decoder-only variants (``--variants``): ours in fp32 over the static KV cache (``ours-fp32``), the
 same over the dynamic (growing) cache (``ours-fp32-dynamic``), with bf16 weights (``ours-bf16``),
 with int8 weight-only Linear layers (``ours-int8``), compiled (``ours-*-compiled``), without a
-cache (``ours-fp32-uncached``); Hugging Face ``GPT2LMHeadModel.generate`` in fp32 (``hf-fp32``) and
+cache (``ours-fp32-uncached``), with plain ``nn.Linear`` layers instead of the oneDNN-packed ones
+``load_pretrained`` gives (``ours-fp32-unpacked``: MKL's sgemm, as Hugging Face runs); Hugging Face ``GPT2LMHeadModel.generate`` in fp32 (``hf-fp32``) and
 with bf16 weights (``hf-bf16``). Weights are random (no download), built as ``GPT2LMHeadModel`` and
 imported with ``aiayn.interop.load_hf``; prompts are random ids, every row of a batch as long as
 the others; every variant generates exactly ``--new-tokens`` tokens (no EOS).
@@ -66,9 +67,12 @@ QUICK_MARIAN = {"d_model": 32, "layers": 2, "heads": 2, "ffn": 64, "vocab": 128}
 
 VARIANTS = (
     "ours-fp32", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-bf16-compiled",
-    "ours-int8-compiled", "ours-fp32-uncached", "hf-fp32", "hf-bf16",
+    "ours-int8-compiled", "ours-fp32-uncached", "ours-fp32-unpacked", "hf-fp32", "hf-bf16",
 )
-DEFAULT_VARIANTS = ("ours-fp32", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-fp32-uncached", "hf-fp32", "hf-bf16")
+DEFAULT_VARIANTS = (
+    "ours-fp32", "ours-fp32-unpacked", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-fp32-uncached",
+    "hf-fp32", "hf-bf16",
+)
 # The issue's targets: (variant, batch) -> (peer variant, ratio)
 TARGETS = {
     ("ours-fp32", 1): ("hf-fp32", 1.2), ("ours-bf16", 1): ("hf-fp32", 2.0), ("ours-int8", 1): ("hf-fp32", 3.0),
@@ -134,7 +138,9 @@ def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
 def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str], new_tokens: int) -> dict[str, tuple[Callable[[Tensor], Tensor], nn.Module]]:
     """name -> (ids (B, P) -> generated (B, N), the model it reads), for the variants asked for."""
     config = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_id=None)
-    models: dict[str, nn.Module] = {"fp32": ours}
+    models: dict[str, nn.Module] = {"unpacked": ours}  # MKL's sgemm through F.linear, as a plain nn.Linear runs
+    models["fp32"] = copy.deepcopy(ours)
+    pack_linears(models["fp32"])  # as load_pretrained does on the CPU: weights also in oneDNN's layout
     if any("bf16" in n and n.startswith("ours") for n in names):
         models["bf16"] = cast_model(copy.deepcopy(ours), torch.bfloat16)
         pack_linears(models["bf16"])  # as load_pretrained(dtype="bfloat16") does on the CPU
@@ -159,7 +165,7 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
             model = peer if name == "hf-fp32" else peer_bf16
             runners[name] = (hf_with(model), model)  # type: ignore[arg-type]
             continue
-        model = models[name.split("-")[1]]
+        model = models["unpacked" if name.endswith("-unpacked") else name.split("-")[1]]
         if name.endswith("-dynamic"):
             decoder: object = CausalLMDecoder(model)
         elif name.endswith("-uncached"):
@@ -240,6 +246,8 @@ def bench_beam(args: argparse.Namespace, sizes: dict, threads: int) -> tuple[flo
     """(ours sentences/s, peer sentences/s, same best hypotheses) of beam 4 over ``--beam-sentences`` sources."""
     torch.set_num_threads(threads)
     ours, peer = marian_pair(sizes)
+    if args.beam_packed:
+        pack_linears(ours)  # as load_pretrained does on the CPU
     n_new = args.beam_new_tokens
     torch.manual_seed(2)
     src = torch.randint(3, sizes["vocab"], (args.beam_sentences, args.beam_source_len))
@@ -324,6 +332,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--beam-sentences", type=int, default=8, help="sources per beam-search call (default: 8)")
     p.add_argument("--beam-source-len", type=int, default=16, help="tokens per source (default: 16)")
     p.add_argument("--beam-new-tokens", type=int, default=32, help="tokens per hypothesis, EOS suppressed before (default: 32)")
+    p.add_argument("--beam-unpacked", dest="beam_packed", action="store_false",
+                   help="beam search with plain nn.Linear layers (MKL's sgemm) instead of load_pretrained's packed ones")
     p.add_argument("--profile", default="", help="comma-separated variants to profile (torch.profiler, one call each)")
     p.add_argument("--linears", action="store_true", help="only time one-row Linear layers (fp32, bf16, bf16 packed, int8)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1 round, few tokens (a smoke test)")

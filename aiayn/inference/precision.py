@@ -4,12 +4,15 @@
 per token, so a cast per call costs as much as the matmul it feeds. Casting the parameters once
 halves the bytes read per token instead. On the CPU a half-precision ``F.linear`` of one row
 re-lays its weight out at every call (oneDNN), which costs more than the fp32 matmul; so
-:func:`pack_linears` keeps each half-precision weight also in oneDNN's blocked layout, packed once
-(the layout ``torch.compile``'s freezing uses). Softmax (:mod:`aiayn.nn.attention`), LayerNorm/RMSNorm
+:func:`pack_linears` keeps each weight also in oneDNN's blocked layout, packed once (the layout
+``torch.compile``'s freezing uses). fp32 weights are packed too: for a few rows oneDNN's kernel is
+up to 2-3x faster than MKL's sgemm on some CPUs (see :class:`PackedLinear`). Softmax (:mod:`aiayn.nn.attention`), LayerNorm/RMSNorm
 (torch's kernels) and the logits consumers (sampling, beam search, perplexity) accumulate in fp32.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -70,39 +73,95 @@ def _can_pack(weight: Tensor) -> bool:
         return False
     if weight.dtype == torch.bfloat16:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return weight.dtype == torch.float16 and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    if weight.dtype == torch.float16:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return weight.dtype == torch.float32
 
 
-class PackedLinear(nn.Module):
-    """An ``nn.Linear`` (same ``weight``/``bias`` parameters, same checkpoint keys) whose half-precision
-    weight is also held packed for oneDNN; repacked if the weight changes in place."""
+# PackedLinear modules by id, so that the opaque op below finds the packed weight of the module that called it.
+_PACKED: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
+
+
+torch.library.define("aiayn::packed_linear", "(Tensor x, Tensor weight, Tensor? bias, int key) -> Tensor")
+
+
+@torch.library.impl("aiayn::packed_linear", "CPU")
+def _packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, key: int) -> Tensor:
+    """``F.linear`` through the packed weight of the :class:`PackedLinear` registered as ``key``: opaque to
+    ``torch.compile`` (whose graphs cannot hold oneDNN's packed tensors); plain ``F.linear`` if it is gone."""
+    module = _PACKED.get(key)
+    if module is None or module.weight.data_ptr() != weight.data_ptr():
+        return F.linear(x, weight, bias)
+    return module.packed_forward(x)
+
+
+@torch.library.register_fake("aiayn::packed_linear")
+def _(x: Tensor, weight: Tensor, bias: Tensor | None, key: int) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+packed_linear = torch.ops.aiayn.packed_linear
+
+
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` (same ``weight``/``bias`` parameters, same checkpoint keys) whose weight is also held
+    packed for oneDNN, for inference; repacked if the weight changes. Training (grad enabled) and other devices
+    run the plain ``F.linear``.
+
+    Why in fp32 too: on CPUs where MKL's sgemm is slow for a few rows (AMD EPYC here: 1.8x slower for one row
+    through the 50257-word output projection, 2.6x for eight), oneDNN's packed kernel reads the weight at
+    memory speed; ``docs/benchmarks.md`` has the measurement. The cost is a second copy of each weight.
+    """
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameter: a tied weight stays tied
         self.bias = linear.bias
+        self._packed: Tensor | None = None
+        self._packed_for: tuple = ()
         self._pack()
+        _PACKED[id(self)] = self  # the key a compiled graph calls packed_linear with
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed tensor out (oneDNN's opaque tensors have no storage to copy);
+        the copy packs its own at its first call."""
+        state = self.__dict__.copy()
+        state["_packed"], state["_packed_for"] = None, ()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        _PACKED[id(self)] = self
 
     def _pack(self) -> None:
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None)
-        self._packed_version = self.weight._version
+        w = self.weight
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+        self._packed_for = (w.data_ptr(), w._version, w.dtype)
 
-    def forward(self, x: Tensor) -> Tensor:
-        if torch.compiler.is_compiling() or torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)  # training, compiling, or moved: the plain path
-        if self.weight._version != self._packed_version:
+    def packed_forward(self, x: Tensor) -> Tensor:
+        """The oneDNN call over the packed weight, repacked first if the weight changed since."""
+        w = self.weight
+        if (w.data_ptr(), w._version, w.dtype) != self._packed_for:
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.device.type != "cpu" or self.weight.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)  # training, or moved: the plain path
+        if torch.compiler.is_compiling():
+            return packed_linear(x, self.weight, self.bias, id(self))
+        return self.packed_forward(x)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every CPU ``nn.Linear`` with a bf16/fp16 weight by a :class:`PackedLinear`, in place, where
-    torch's oneDNN supports that dtype here; returns how many were replaced (0 for fp32 weights)."""
-    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and _can_pack(m.weight)]
+    """Replace every CPU ``nn.Linear`` by a :class:`PackedLinear`, in place, where torch's oneDNN supports its
+    dtype here; returns how many were replaced."""
+    targets = [(n, m) for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and not isinstance(m, PackedLinear) and _can_pack(m.weight)]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

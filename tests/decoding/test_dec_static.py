@@ -50,7 +50,12 @@ def test_alibi_takes_the_general_decoder_and_refuses_compile():
 
 @pytest.mark.slow
 def test_compiled_decode_step_gives_the_eager_tokens():
+    """With the Linear layers as load_pretrained gives them on the CPU (packed for oneDNN; under compile
+    they run through the opaque aiayn::packed_linear op)."""
+    from aiayn.inference import pack_linears
+
     model = gpt("sinusoidal")
+    assert pack_linears(model) > 0
     ids, mask = left_pad(random_rows([5, 2, 3]))
     eager = generate(StaticCausalLMDecoder(model), ids, mask, CONFIG).tokens
     compiled = generate(StaticCausalLMDecoder(model, compile=True), ids, mask, CONFIG).tokens

@@ -87,7 +87,7 @@ def test_beam_scores_are_fp32_log_probabilities_of_the_model(path):
         assert best.log_prob == pytest.approx(float(expected), abs=0.05)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_packed_linear_computes_the_plain_linear_and_repacks_after_a_change(dtype):
     from torch import nn
 
@@ -106,6 +106,54 @@ def test_packed_linear_computes_the_plain_linear_and_repacks_after_a_change(dtyp
         model[0].weight.mul_(2)  # an in-place change: the packed copy must follow
         assert not torch.allclose(torch.nn.functional.linear(x, plain.weight, plain.bias), expected, rtol=1e-2, atol=1e-2)
         torch.testing.assert_close(model(x), torch.nn.functional.linear(x, plain.weight, plain.bias), rtol=1e-2, atol=1e-2)
+
+
+def _packed_pair():
+    from torch import nn
+
+    from aiayn.inference import PackedLinear, pack_linears
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 48), nn.GELU(), nn.Linear(48, 8, bias=False))
+    plain = [model[0].weight.detach().clone(), model[0].bias.detach().clone(), model[2].weight.detach().clone()]
+    if pack_linears(model) != 2:
+        pytest.skip("torch's oneDNN cannot pack fp32 Linear layers here")
+    assert all(isinstance(model[i], PackedLinear) and isinstance(model[i], nn.Linear) for i in (0, 2))
+    return model, plain
+
+
+def test_packed_fp32_linears_train_through_the_plain_path_and_keep_their_checkpoint_keys():
+    """A loaded (packed) model can be fine-tuned: with grad enabled the plain F.linear runs and gradients flow;
+    the state dict is the nn.Linear one; after the optimizer step inference uses the new weights."""
+    import copy
+
+    from torch.nn.functional import gelu, linear
+
+    model, (w0, b0, w2) = _packed_pair()
+    assert set(model.state_dict()) == {"0.weight", "0.bias", "2.weight"}
+    x = torch.randn(4, 32)
+    model(x).square().sum().backward()
+    assert model[0].weight.grad is not None and model[2].weight.grad is not None
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert not torch.equal(model[0].weight, w0)
+    with torch.no_grad():
+        expected = linear(gelu(linear(x, model[0].weight, model[0].bias)), model[2].weight)
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+        clone = copy.deepcopy(model)  # oneDNN's packed tensors cannot be copied: the copy packs its own
+        torch.testing.assert_close(clone(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_packed_linears_give_the_eager_result():
+    """Under torch.compile the packed weight is reached through the opaque aiayn::packed_linear op."""
+    from aiayn.inference.precision import packed_linear
+
+    model, _ = _packed_pair()
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)(x)
+    torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
+    torch.library.opcheck(packed_linear, (x, model[0].weight.detach(), model[0].bias.detach(), id(model[0])))  # inference only
 
 
 def test_bfloat16_without_native_support_loads_with_a_warning(tmp_path, monkeypatch, caplog):
