@@ -45,7 +45,7 @@ from aiayn.inference import (
     pack_linears,
     quantize_int8,
 )
-from aiayn.inference.precision import native_bf16
+from aiayn.inference.precision import can_pack, native_bf16
 from aiayn.interop.hf import load_hf
 
 log = logging.getLogger(__name__)
@@ -268,27 +268,27 @@ def bench_beam(args: argparse.Namespace, sizes: dict, threads: int) -> tuple[flo
     return (args.beam_sentences / statistics.median(times["ours"]), args.beam_sentences / statistics.median(times["peer"]), same)
 
 
-def one_row_linears(repeats: int = 15, calls: int = 5) -> dict[str, tuple[float, float]]:
-    """ms per ``x (1, 768) @ W^T`` with ``W (3072, 768)``: fp32, bf16, bf16 packed once, int8 -> (median, best)."""
-    from aiayn.inference.precision import PackedLinear
+def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int = 5) -> dict[str, tuple[float, float]]:
+    """ms per ``x (rows, 768) @ W^T`` with ``W (out_features, 768)`` -> (median, best), for fp32 as ``nn.Linear``
+    runs it (MKL's sgemm), fp32 and bf16 packed once for oneDNN (``PackedLinear``), bf16 plain, and int8."""
     from aiayn.inference.quantization import Int8Linear as Int8
 
     torch.manual_seed(0)
-    linear = nn.Linear(768, 3072, bias=False)
+    linear = nn.Linear(768, out_features, bias=False)
     bf16 = copy.deepcopy(linear).to(torch.bfloat16)
-    cases = {
-        "fp32": (linear, torch.randn(1, 768)), "bf16": (bf16, torch.randn(1, 768, dtype=torch.bfloat16)),
-        "bf16 packed": (PackedLinear(bf16), torch.randn(1, 768, dtype=torch.bfloat16)),
-        "int8": (Int8.from_linear(linear), torch.randn(1, 768, dtype=torch.bfloat16)),
-    }
+    x, x_bf16 = torch.randn(rows, 768), torch.randn(rows, 768, dtype=torch.bfloat16)
+    cases = {"fp32": (linear, x), "fp32 packed": (PackedLinear(linear), x), "bf16": (bf16, x_bf16)}
+    if can_pack(bf16.weight):  # oneDNN packs bf16 only with AVX512 or AVX-NE-CONVERT
+        cases["bf16 packed"] = (PackedLinear(bf16), x_bf16)
+    cases["int8"] = (Int8.from_linear(linear), x_bf16)
     times: dict[str, list[float]] = {name: [] for name in cases}
     with torch.no_grad():
         for _ in range(repeats):
-            for name, (module, x) in cases.items():
-                module(x)
+            for name, (module, inputs) in cases.items():
+                module(inputs)
                 start = time.perf_counter()
                 for _ in range(calls):
-                    module(x)
+                    module(inputs)
                 times[name].append((time.perf_counter() - start) / calls * 1e3)
     return {name: (statistics.median(t), min(t)) for name, t in times.items()}
 
@@ -335,7 +335,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--beam-unpacked", dest="beam_packed", action="store_false",
                    help="beam search with plain nn.Linear layers (MKL's sgemm) instead of load_pretrained's packed ones")
     p.add_argument("--profile", default="", help="comma-separated variants to profile (torch.profiler, one call each)")
-    p.add_argument("--linears", action="store_true", help="only time one-row Linear layers (fp32, bf16, bf16 packed, int8)")
+    p.add_argument("--linears", action="store_true",
+                   help="only time single Linear layers, 768 -> 3072 and 768 -> 50257, for 1 and 8 rows "
+                        "(fp32, fp32 packed, bf16, bf16 packed, int8)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1 round, few tokens (a smoke test)")
     args = p.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
@@ -373,8 +375,10 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, fl
     if args.linears:
         for threads in args.threads:
             torch.set_num_threads(threads)
-            for name, (median, best) in one_row_linears().items():
-                print(f"threads {threads}: one-row Linear 768 -> 3072, {name}: median {median:.3f} ms, best {best:.3f} ms")
+            for out_features in (3072, 50257):
+                for n_rows in (1, 8):
+                    for name, (median, best) in few_row_linears(n_rows, out_features).items():
+                        print(f"threads {threads}: Linear 768 -> {out_features}, {n_rows} row(s), {name}: median {median:.3f} ms, best {best:.3f} ms")
         return rows, []
     if args.beam != "only":
         for threads in args.threads:

@@ -68,7 +68,8 @@ def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
-def _can_pack(weight: Tensor) -> bool:
+def can_pack(weight: Tensor) -> bool:
+    """Whether torch's oneDNN can pack ``weight`` here (on the CPU, in its dtype)."""
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if weight.dtype == torch.bfloat16:
@@ -161,7 +162,7 @@ def pack_linears(model: nn.Module) -> int:
     """Replace every CPU ``nn.Linear`` by a :class:`PackedLinear`, in place, where torch's oneDNN supports its
     dtype here; returns how many were replaced."""
     targets = [(n, m) for n, m in model.named_modules()
-               if isinstance(m, nn.Linear) and not isinstance(m, PackedLinear) and _can_pack(m.weight)]
+               if isinstance(m, nn.Linear) and not isinstance(m, PackedLinear) and can_pack(m.weight)]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

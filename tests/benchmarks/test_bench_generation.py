@@ -25,13 +25,13 @@ def _load_script():
 def test_quick_mode_runs_every_eager_variant_and_beam_search(capsys):
     bench = _load_script()
     threads = torch.get_num_threads()
-    variants = "ours-fp32,ours-fp32-dynamic,ours-bf16,ours-int8,ours-fp32-uncached,hf-fp32,hf-bf16"
+    variants = "ours-fp32,ours-fp32-unpacked,ours-fp32-dynamic,ours-bf16,ours-int8,ours-fp32-uncached,hf-fp32,hf-bf16"
     rows, beams = bench.main(["--quick", "--variants", variants, "--batches", "1,2", "--threads", "1"])
     assert torch.get_num_threads() == threads
     assert {(r.batch, r.variant) for r in rows} == {(b, v) for b in (1, 2) for v in variants.split(",")}
     for r in rows:
         assert r.tokens_per_s > 0
-        if r.variant in ("ours-fp32", "ours-fp32-dynamic", "ours-fp32-uncached"):
+        if r.variant in ("ours-fp32", "ours-fp32-unpacked", "ours-fp32-dynamic", "ours-fp32-uncached"):
             assert r.agree == 8  # every greedy token equals Hugging Face's in fp32
     assert beams and beams[0][3]  # beam 4: the same best hypotheses as MarianMTModel.generate
     out = capsys.readouterr().out

@@ -63,3 +63,45 @@ def test_muon_settings_are_validated():
         OptimConfig(name="muon", muon_lr=0.0)
     with pytest.raises(ValueError, match=r"muon_momentum must be a number in \[0, 1\)"):
         OptimConfig(name="muon", muon_momentum=1.0)
+
+
+def test_newton_schulz_is_torchs_iteration_and_fp32_steps_follow_torchs_muon():
+    """Our Newton-Schulz in bf16 is torch's own bit for bit; in fp32 (chosen on CPUs without native bf16) one
+    Muon step lands where torch's bf16 step does, within bf16's rounding, and orthogonalises the momentum."""
+    from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
+
+    from aiayn.training.muon import Muon, newton_schulz
+
+    torch.manual_seed(0)
+    coefficients = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
+    for shape in [(24, 40), (40, 24)]:
+        g = torch.randn(shape)
+        assert torch.equal(newton_schulz(g, coefficients, 5, 1e-7, torch.bfloat16), _zeropower_via_newtonschulz(g, coefficients, 5, 1e-7))
+        singular = torch.linalg.svdvals(newton_schulz(g, coefficients, 5, 1e-7, torch.float32))
+        assert singular.min() > 0.5 and singular.max() < 1.5  # U S' V^T with S' near 1
+
+    weights = [torch.randn(24, 40), torch.randn(40, 24)]
+    ours = [nn.Parameter(w.clone()) for w in weights]
+    theirs = [nn.Parameter(w.clone()) for w in weights]
+    settings = {"lr": 0.02, "momentum": 0.95, "weight_decay": 0.01, "adjust_lr_fn": "original"}
+    optimizers = [Muon(ours, ns_dtype=torch.float32, **settings), torch.optim.Muon(theirs, **settings)]
+    for _ in range(3):
+        grads = [torch.randn_like(w) for w in weights]
+        for params, optimizer in zip((ours, theirs), optimizers):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b, w in zip(ours, theirs, weights):
+        assert not torch.equal(a, w)
+        torch.testing.assert_close(a, b, rtol=0, atol=3 * 0.02 * 1.5 * 2e-2)  # 3 steps of lr x shape factor x bf16 error
+    assert set(optimizers[0].state_dict()["state"][0]) == {"momentum_buffer"}  # torch's state layout: checkpoints match
+
+
+def test_muon_runs_newton_schulz_in_fp32_without_native_bf16(monkeypatch):
+    import aiayn.training.muon as muon_module
+
+    config = preset("tiny-decoder-only", vocab_size=30)
+    model = model_class(config)(config)
+    for native, expected in [(False, torch.float32), (True, torch.bfloat16)]:
+        monkeypatch.setattr(muon_module, "native_bf16", lambda device, native=native: native)
+        assert build_optimizer(model, MUON).muon.ns_dtype == expected
