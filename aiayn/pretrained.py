@@ -223,7 +223,8 @@ def prepare_for_inference(
     if torch_dtype is not None:
         if torch_dtype == torch.bfloat16 and not native_bf16(torch.device(device)):
             log.warning("dtype=bfloat16 on a %s without native bf16 matmuls (no AMX or AVX512-BF16): it runs, but "
-                        "may be many times slower than float32 here", torch.device(device).type)
+                        "may be many times slower than float32 here for several rows at once (prompts, batches, evaluation); "
+                        "one-row decoding can be faster (docs/benchmarks.md)", torch.device(device).type)
         cast_model(model, torch_dtype)  # once: no step re-casts a weight
     pack_linears(model)  # on the CPU: weights also in oneDNN's layout, once
     return model

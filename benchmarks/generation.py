@@ -370,7 +370,8 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, fl
     shape, sizes = (QUICK_GPT, QUICK_MARIAN) if args.quick else (GPT2, MARIAN)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {time.strftime('%a %b %d %Y %H:%M UTC', time.gmtime())}")
     if not native_bf16(torch.device("cpu")):
-        print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls are a slow generic loop, so bf16 rows measure that")
+        print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls of several rows are a slow generic loop "
+              "(one row is fast), so bf16 rows at batch > 1 measure that")
     rows: list[Row] = []
     if args.linears:
         for threads in args.threads:
