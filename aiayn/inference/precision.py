@@ -136,8 +136,8 @@ class PackedLinear(nn.Linear):
         _PACKED[id(self)] = self
 
     def _pack(self) -> None:
-        w = self.weight
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+        w = self.weight  # None when oneDNN cannot pack its (new) dtype here, e.g. a loaded model cast to bf16 on AVX2
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None) if can_pack(w) else None
         self._packed_for = (w.data_ptr(), w._version, w.dtype)
 
     def packed_forward(self, x: Tensor) -> Tensor:
@@ -145,6 +145,8 @@ class PackedLinear(nn.Linear):
         w = self.weight
         if (w.data_ptr(), w._version, w.dtype) != self._packed_for:
             self._pack()
+        if self._packed is None:
+            return F.linear(x, w, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
     def forward(self, x: Tensor) -> Tensor:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim._muon import _adjust_lr  # torch's scaling of the rate by the matrix's shape
 
 from aiayn.inference.precision import native_bf16
 from aiayn.nn.blocks import TransformerLayer
@@ -85,18 +86,8 @@ class Muon(torch.optim.Muon):
                 update = grad.lerp(buf, momentum) if group["nesterov"] else buf
                 update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
                 param.mul_(1 - lr * group["weight_decay"])
-                param.add_(update.to(param.dtype), alpha=-_adjusted_lr(lr, group["adjust_lr_fn"], param.shape))
+                param.add_(update.to(param.dtype), alpha=-_adjust_lr(lr, group["adjust_lr_fn"], param.shape))
         return None
-
-
-def _adjusted_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
-    """torch's scaling of Muon's rate by the matrix's shape (``original``: sqrt(max(1, rows / cols)))."""
-    rows, cols = shape[:2]
-    if adjust_lr_fn is None or adjust_lr_fn == "original":
-        return lr * max(1.0, rows / cols) ** 0.5
-    if adjust_lr_fn == "match_rms_adamw":
-        return lr * 0.2 * max(rows, cols) ** 0.5
-    return lr
 
 
 class MuonWithAdamW(torch.optim.Optimizer):

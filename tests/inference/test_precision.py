@@ -173,3 +173,16 @@ def test_bfloat16_without_native_support_loads_with_a_warning(tmp_path, monkeypa
     with caplog.at_level(logging.WARNING, logger="aiayn.pretrained"):
         load_pretrained(path, dtype="bfloat16")
     assert "without native bf16" not in caplog.text
+
+
+def test_a_packed_model_cast_afterwards_still_computes_its_linear():
+    """A loaded (packed) fp32 model cast to bf16 by the user: packed again where oneDNN can pack bf16 here,
+    else the plain F.linear; the result is the layer's either way."""
+    from torch.nn.functional import linear
+
+    model, _ = _packed_pair()
+    model.to(torch.bfloat16)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = linear(torch.nn.functional.gelu(linear(x, model[0].weight, model[0].bias)), model[2].weight)
+        torch.testing.assert_close(model(x), expected, rtol=1e-2, atol=1e-2)
