@@ -148,15 +148,17 @@ def load(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str | None = None,
     quantize: str | None = None,
+    pack: bool = True,
 ) -> LoadedModel:
     """Load a model directory (ours or Hugging Face's), a checkpoint or a run directory, with its tokenizer.
 
     ``dtype`` (``torch.bfloat16`` or ``"bfloat16"``), ``quantize`` (``"int8"``: weight-only, per-channel
-    scales) and ``device`` (``"cuda"``) are applied once, at load.
+    scales) and ``device`` (``"cuda"``) are applied once, at load; ``pack=False`` holds each Linear weight once
+    (less memory, slower few-row matmuls on the CPU: :func:`~aiayn.pretrained.load_pretrained`).
     Raises ``FileNotFoundError`` naming the path, ``ValueError`` for a directory without a tokenizer or
     whose tokenizer does not fit the model.
     """
-    loaded = load_parts(path, device=device or "cpu", dtype=dtype, quantize=quantize)
+    loaded = load_parts(path, device=device or "cpu", dtype=dtype, quantize=quantize, pack=pack)
     if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
         raise ValueError(f"{path}: no tokenizer, so text cannot be encoded ({loaded.path} holds no tokenizer file)")
     return LoadedModel(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, path=loaded.path, labels=loaded.labels)
@@ -168,6 +170,7 @@ def load_parts(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
+    pack: bool = True,
 ) -> Pretrained:
     """The model, config, tokenizers and class names of ``path`` (ours, a checkpoint, a run, or a
     Hugging Face directory imported in memory), in the precision asked for. The CLI's loader too."""
@@ -179,9 +182,9 @@ def load_parts(
 
         imported = load_hf(directory)
         labels = id2label_names(imported.hf_config)
-        model = prepare_for_inference(imported.model, device=device, dtype=dtype, quantize=quantize)
+        model = prepare_for_inference(imported.model, device=device, dtype=dtype, quantize=quantize, pack=pack)
         return Pretrained(model, imported.config, imported.tokenizer, imported.tgt_tokenizer, directory, labels)
-    return load_pretrained(directory, device=device, dtype=dtype, quantize=quantize)
+    return load_pretrained(directory, device=device, dtype=dtype, quantize=quantize, pack=pack)
 
 
 

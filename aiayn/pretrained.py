@@ -160,6 +160,7 @@ def load_pretrained(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
+    pack: bool = True,
 ) -> Pretrained:
     """Load a model directory, a training checkpoint, or a run directory (its newest complete checkpoint).
 
@@ -167,7 +168,9 @@ def load_pretrained(
     ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``; ``None`` keeps fp32) casts the weights;
     ``quantize="int8"`` turns every Linear layer into int8 weights with per-channel scales
     (:mod:`aiayn.inference.quantization`). A directory written by ``aiayn quantize`` loads as int8
-    whatever ``quantize`` says. Raises ``FileNotFoundError`` naming the path when there is nothing
+    whatever ``quantize`` says. ``pack=False`` keeps the CPU's fp32/bf16 Linear layers plain ``nn.Linear``
+    (each weight held once instead of twice, for memory; few-row matmuls then run MKL's slower kernel, see
+    :func:`~aiayn.inference.precision.pack_linears`). Raises ``FileNotFoundError`` naming the path when there is nothing
     to load there, ``ValueError`` when the weights do not match the config or for an unknown
     ``dtype``/``quantize``, and ``RuntimeError`` when int8 is asked for and torch lacks the kernel.
     """
@@ -201,7 +204,7 @@ def load_pretrained(
     else:
         state, _ = read_safetensors(directory / MODEL_FILE)
         load_state_dict_checked(model, state, source=str(directory / MODEL_FILE))
-    prepare_for_inference(model, device=device, dtype=torch_dtype, quantize=None if stored_int8 else quantize)
+    prepare_for_inference(model, device=device, dtype=torch_dtype, quantize=None if stored_int8 else quantize, pack=pack)
     src_tok = tgt_tok = None
     if any((directory / f"{prefix}{name}").is_file() for prefix in ("", "src_") for name in _TOKENIZER_NAMES):
         src_tok, tgt_tok = load_tokenizer_pair(directory)
@@ -214,8 +217,10 @@ def prepare_for_inference(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
+    pack: bool = True,
 ) -> nn.Module:
-    """Quantise (from the fp32 weights), cast once, move and set eval mode: the precision step of every loader."""
+    """Quantise (from the fp32 weights), cast once, move, set eval mode and (``pack``) pack the Linear weights
+    for oneDNN: the precision step of every loader."""
     torch_dtype, quantize = parse_dtype(dtype), parse_quantize(quantize)
     if quantize == "int8":
         quantize_int8(model)  # from the fp32 weights, before any cast; checks the kernel
@@ -226,7 +231,8 @@ def prepare_for_inference(
                         "may be many times slower than float32 here for several rows at once (prompts, batches, evaluation); "
                         "one-row decoding can be faster (docs/benchmarks.md)", torch.device(device).type)
         cast_model(model, torch_dtype)  # once: no step re-casts a weight
-    pack_linears(model)  # on the CPU: weights also in oneDNN's layout, once
+    if pack:
+        pack_linears(model)  # on the CPU: weights also in oneDNN's layout, once
     return model
 
 

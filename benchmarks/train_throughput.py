@@ -184,8 +184,8 @@ def compare(
     ids, targets = data[:, :-1], data[:, 1:]
     own = adamw == "own"  # each side its library's choice: fused for ours (build_optimizer), torch's default for the peer
     pair = (Trainer(ours, ours_logits, dtype, "fused" if own else adamw), Trainer(peer, peer_logits, dtype, "default" if own else adamw))
-    warm = [_timed(t, ids, targets, 1) for t in pair for _ in range(2)]  # allocator and kernel warm-up
-    if steps is None:
+    warm = [min(_timed(t, ids, targets, 1) for _ in range(2)) for t in pair]  # allocator, kernel (and compile) warm-up
+    if steps is None:  # from each side's faster warm-up step: the first one of a compiled model includes compiling
         steps = max(1, round(target_s / statistics.mean(warm)))
     tokens = shape.batch * shape.seq_len * steps
     rates: tuple[list[float], list[float]] = ([], [])
@@ -236,13 +236,16 @@ def format_table(rows: Sequence[Row], peaks: dict[str, float]) -> str:
         "| shape | dtype | ours tok/s | peer tok/s | ours/peer | ours model TFLOP/s | ours % fp32 peak | ours % bf16 peak | peer % bf16 peak |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    def percent(flops: float, peak: str) -> str:
+        return f"{100 * flops / peaks[peak]:.1f}" if peak in peaks else "n/a"
+
     for r in rows:
         ours_flops = r.flops_per_token * r.ours_tokens_per_s
         peer_flops = r.flops_per_token * r.peer_tokens_per_s
         lines.append(
             f"| {r.shape} | {r.dtype} | {r.ours_tokens_per_s:,.0f} | {r.peer_tokens_per_s:,.0f} | {r.ratio:.2f} | "
-            f"{ours_flops / 1e12:.3f} | {100 * ours_flops / peaks['fp32']:.1f} | {100 * ours_flops / peaks['bf16']:.1f} | "
-            f"{100 * peer_flops / peaks['bf16']:.1f} |"
+            f"{ours_flops / 1e12:.3f} | {percent(ours_flops, 'fp32')} | {percent(ours_flops, 'bf16')} | "
+            f"{percent(peer_flops, 'bf16')} |"
         )
     return "\n".join(lines)
 
@@ -308,7 +311,9 @@ def _run(args: argparse.Namespace) -> list[Row]:
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     if not native_bf16(torch.device("cpu")):
         print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls are a slow generic loop, so bf16 rows measure that")
-    peaks = {name: matmul_peak(dtype, args.peak_n) for name, dtype in DTYPES.items()}
+    # fp32's peak always (a percentage column); bf16's only when a bf16 row asks for it: without native bf16 the
+    # generic loop takes minutes at 2048 x 2048 (and one thread only), for a number no fp32 row needs.
+    peaks = {name: matmul_peak(dtype, args.peak_n) for name, dtype in DTYPES.items() if name == "fp32" or name in args.dtype_list}
     print(f"matmul peak ({args.peak_n}x{args.peak_n} torch.mm, best of 5): "
           + ", ".join(f"{name} {flops / 1e12:.3f} TFLOP/s" for name, flops in peaks.items()))
     rows = []

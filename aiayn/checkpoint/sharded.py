@@ -212,7 +212,7 @@ def consolidate(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str],
 
     if not is_sharded(checkpoint):
         raise ValueError(f"{checkpoint} is not a sharded (DCP) checkpoint: it is loadable as it is")
-    loaded = load_pretrained(checkpoint)
+    loaded = load_pretrained(checkpoint, pack=False)  # saved, never run
     return save_pretrained(out, loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, overwrite=overwrite)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -47,14 +47,17 @@ def add_precision_arguments(parser: argparse.ArgumentParser, *, compile: bool = 
                         help="cast the weights once at load (default: float32 as saved)")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default=None,
                         help="int8: int8 weight-only Linear layers with per-channel scales (default: none)")
+    parser.add_argument("--no-pack", dest="pack", action="store_false",
+                        help="keep each Linear weight once, not also in oneDNN's packed layout: half the memory of the "
+                        "weights, slower matmuls of a few rows on the CPU (default: packed)")
     if compile:
         parser.add_argument("--compile", action="store_true",
                             help="torch.compile the one-token decode step over a static KV cache")
 
 
-def precision_options(args: argparse.Namespace) -> dict[str, str | None]:
-    """``dtype`` and ``quantize`` for :func:`~aiayn.pretrained.load_pretrained` from the parsed flags."""
-    return {"dtype": getattr(args, "dtype", None), "quantize": getattr(args, "quantize", None)}
+def precision_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``dtype``, ``quantize`` and ``pack`` for :func:`~aiayn.pretrained.load_pretrained` from the parsed flags."""
+    return {"dtype": getattr(args, "dtype", None), "quantize": getattr(args, "quantize", None), "pack": getattr(args, "pack", True)}
 
 
 def check_compile(command: str) -> None:

@@ -15,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
+    parser.add_argument("--no-pack", dest="pack", action="store_false",
+                        help="keep each Linear weight once, not also in oneDNN's packed layout: half the memory of the "
+                        "weights, slower matmuls of a few rows on the CPU (default: packed)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
     parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together in one step (default: 8)")
     parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; more get 429 (default: 64)")
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = create_app(
-        lambda: load_served_model(args.checkpoint, dtype=args.dtype, device=args.device, name=args.model_name),
+        lambda: load_served_model(args.checkpoint, dtype=args.dtype, device=args.device, name=args.model_name, pack=args.pack),
         max_batch=args.max_batch, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, on_load_error=load_failed,
     )
     server = _Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))

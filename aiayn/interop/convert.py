@@ -59,7 +59,7 @@ def convert_to_hf(
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     check_replaceable(target)  # only a previous export, never someone's notes
-    loaded = load_pretrained(our_dir)
+    loaded = load_pretrained(our_dir, pack=False)  # exported, never run
     extras = _read_source(loaded.path)
     tokenizer, note = loaded.src_tokenizer, None
     if tokenizer is None:

@@ -59,7 +59,7 @@ def read_init(path: str) -> InitSource:
         state = {k: v.float() if v.is_floating_point() else v for k, v in imported.model.state_dict().items()}
         return InitSource(directory, imported.config, state, tokenizers, hugging_face=True)
     directory = model_dir(directory)
-    loaded = load_pretrained(directory)
+    loaded = load_pretrained(directory, pack=False)  # its config and tokenizers: the weights are read below
     tokenizers = None
     if loaded.src_tokenizer is not None and loaded.tgt_tokenizer is not None:
         tokenizers = (loaded.src_tokenizer, loaded.tgt_tokenizer)

@@ -49,3 +49,15 @@ def test_flops_formula_and_flag_errors() -> None:
     with pytest.raises(SystemExit):
         bench.parse_args(["--dtypes", "fp32,fp8"])
     assert bench.parse_args(["--shapes", "gpt2", "--dtypes", "bf16"]).dtype_list == ["bf16"]
+
+
+def test_fp32_only_measures_no_bf16_peak(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--dtypes fp32 never times a bf16 matmul (minutes without native bf16); its bf16 columns say n/a."""
+    bench = _load_script()
+    measured = []
+    real = bench.matmul_peak
+    monkeypatch.setattr(bench, "matmul_peak", lambda dtype, n=2048, repeats=5: measured.append(dtype) or real(dtype, n, repeats))
+    bench.main(["--quick", "--dtypes", "fp32"])
+    assert measured == [torch.float32]
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny | fp32 |")]
+    assert len(row) == 1 and row[0].endswith("| n/a | n/a |")

@@ -78,3 +78,18 @@ def test_quantize_a_model_without_kernel_names_the_flag(models, tmp_path, monkey
     monkeypatch.setattr(quantization, "_kernel", lambda: None)
     with pytest.raises(SystemExit, match=r"--checkpoint .*: quantize='int8' needs torch.ops.aten._weight_int8pack_mm"):
         main(["generate", "--checkpoint", models["tiny-decoder-only"], "--quantize", "int8", *COMMANDS["generate"][1]])
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_no_pack_reaches_the_loader(capsys, models, monkeypatch, command):
+    """``--no-pack`` loads plain Linear layers: with packing made to fail, the command still runs."""
+    import aiayn.pretrained as pretrained
+
+    def refuse(model):
+        raise AssertionError("packed although --no-pack was given")
+
+    monkeypatch.setattr(pretrained, "pack_linears", refuse)
+    preset, argv = COMMANDS[command]
+    assert main([command, "--checkpoint", models[preset], "--no-pack", *argv]) == 0
+    with pytest.raises(AssertionError, match="packed although"):  # and without the flag, it packs
+        main([command, "--checkpoint", models[preset], *argv])

@@ -186,3 +186,29 @@ def test_a_packed_model_cast_afterwards_still_computes_its_linear():
     with torch.no_grad():
         expected = linear(torch.nn.functional.gelu(linear(x, model[0].weight, model[0].bias)), model[2].weight)
         torch.testing.assert_close(model(x), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_pack_false_loads_plain_linears_with_the_same_logits(tmp_path, monkeypatch):
+    """``pack=False`` (``aiayn.load``, ``load_pretrained``, ``load_served_model``) holds each weight once, as a plain
+    ``nn.Linear``; the logits are the packed model's. The default packs where oneDNN can (fp32 on any x86 CPU)."""
+    import aiayn
+    from aiayn.inference import PackedLinear
+    from aiayn.inference.precision import can_pack
+    from aiayn.serve import load_served_model
+    from aiayn.tokenization import CharTokenizer
+
+    tokenizer = CharTokenizer.train(["a cat sat", "the dog"])
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder-only", vocab_size=tokenizer.vocab_size, dropout=0.0).eval()
+    path = save_pretrained(tmp_path / "m", model, tokenizer)
+    packed = load_pretrained(path).model
+    assert any(isinstance(m, PackedLinear) for m in packed.modules()) == can_pack(torch.zeros(4, 4))  # fp32 here
+    plain = [load_pretrained(path, pack=False).model, aiayn.load(path, pack=False).model,
+             load_served_model(path, pack=False).model]
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 5))
+    with torch.no_grad():
+        expected = packed(ids)
+        for loaded in plain:
+            assert not any(isinstance(m, PackedLinear) for m in loaded.modules())
+            assert any(type(m) is torch.nn.Linear for m in loaded.modules())
+            torch.testing.assert_close(loaded(ids), expected, rtol=1e-5, atol=1e-5)
