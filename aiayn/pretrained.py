@@ -176,6 +176,7 @@ def load_pretrained(
     """
     torch_dtype = parse_dtype(dtype)
     quantize = parse_quantize(quantize)
+    _check_pack(pack)  # before any file is read
     directory = Path(path)
     if not directory.exists():
         raise FileNotFoundError(f"no model at {directory}: no such directory")
@@ -222,6 +223,7 @@ def prepare_for_inference(
     """Quantise (from the fp32 weights), cast once, move, set eval mode and (``pack``) pack the Linear weights
     for oneDNN: the precision step of every loader."""
     torch_dtype, quantize = parse_dtype(dtype), parse_quantize(quantize)
+    _check_pack(pack)
     if quantize == "int8":
         quantize_int8(model)  # from the fp32 weights, before any cast; checks the kernel
     model.to(device).eval()
@@ -234,6 +236,12 @@ def prepare_for_inference(
     if pack:
         pack_linears(model)  # on the CPU: weights also in oneDNN's layout, once
     return model
+
+
+def _check_pack(pack: object) -> None:
+    """``TypeError`` naming ``pack`` unless it is a bool (a string such as ``"no"`` would be truthy)."""
+    if not isinstance(pack, bool):
+        raise TypeError(f"pack must be True or False, got {pack!r}")
 
 
 def _stored_quantization(directory: Path) -> dict | None:

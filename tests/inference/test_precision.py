@@ -212,3 +212,5 @@ def test_pack_false_loads_plain_linears_with_the_same_logits(tmp_path, monkeypat
             assert not any(isinstance(m, PackedLinear) for m in loaded.modules())
             assert any(type(m) is torch.nn.Linear for m in loaded.modules())
             torch.testing.assert_close(loaded(ids), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="pack must be True or False, got 'no'"):
+        load_pretrained(path, pack="no")
