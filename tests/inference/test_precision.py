@@ -214,3 +214,24 @@ def test_pack_false_loads_plain_linears_with_the_same_logits(tmp_path, monkeypat
             torch.testing.assert_close(loaded(ids), expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(TypeError, match="pack must be True or False, got 'no'"):
         load_pretrained(path, pack="no")
+
+
+def test_a_model_read_only_for_its_config_is_not_packed(tmp_path, monkeypatch):
+    """``train.init_from`` loads a directory for its config and tokenizers and reads the weights itself:
+    it must not pack (time and a second copy of every weight, thrown away)."""
+    import aiayn.pretrained as pretrained
+    from aiayn.tokenization import CharTokenizer
+    from aiayn.training.init_from import read_init
+
+    tokenizer = CharTokenizer.train(["a cat sat"])
+    model = build_model("tiny-decoder-only", vocab_size=tokenizer.vocab_size, dropout=0.0)
+    path = save_pretrained(tmp_path / "m", model, tokenizer)
+
+    def refuse(model):
+        raise AssertionError("packed a model that is never run")
+
+    monkeypatch.setattr(pretrained, "pack_linears", refuse)
+    init = read_init(str(path))
+    assert init.config.family == "decoder-only" and init.tokenizers is not None
+    expected = model.state_dict()
+    assert init.state and all(torch.equal(tensor, expected[name]) for name, tensor in init.state.items())
