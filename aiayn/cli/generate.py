@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"aiayn generate: --prompt {args.prompt!r}: {e}") from None
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     decoder = StaticCausalLMDecoder(loaded.model, compile=args.compile)  # type: ignore[arg-type]
+    if args.compile:  # the second token waits for the compiler: say so, or it looks like a hang
+        print("aiayn generate: --compile: compiling the one-token step after the prompt (up to a minute or two for "
+              "a GPT-2-sized model; torch caches it for later runs of the same shapes)", file=sys.stderr, flush=True)
     pieces = stream_text(decoder, ids, None, config, detokenize=tokenizer.decode, generator=generator)
     try:
         first = next(pieces, "")  # the prefill: a bad length fails here, before anything is printed

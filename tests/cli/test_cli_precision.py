@@ -61,6 +61,15 @@ def test_compile_where_torch_cannot_compile(capsys, models, monkeypatch):
     assert capsys.readouterr().out == ""  # refused before anything is generated
 
 
+def test_compile_says_it_is_compiling_before_the_wait(capsys, models, monkeypatch):
+    """The first decode step waits for the compiler: stderr says so (stdout stays the text). torch.compile is
+    replaced by the identity here: what is tested is the message and that the run goes through."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    assert main(["generate", "--checkpoint", models["tiny-decoder-only"], "--compile", *COMMANDS["generate"][1]]) == 0
+    out, err = capsys.readouterr()
+    assert "--compile: compiling the one-token step" in err and "compiling" not in out and out.startswith("a")
+
+
 def test_quantize_command_writes_int8_safetensors_that_load_back(capsys, models, tmp_path):
     out = tmp_path / "int8"
     assert main(["quantize", "--checkpoint", models["tiny-decoder-only"], "--to", str(out)]) == 0
