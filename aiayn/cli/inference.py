@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_checkpoint_arguments", "load_model_for", "load_ensemble", "check_ensemble", "read_texts",
-    "check_at_least", "check_range", "batches", "saved_train_config", "add_precision_arguments", "precision_options",
+    "check_at_least", "check_range", "batches", "saved_train_config", "add_precision_arguments", "add_pack_argument", "precision_options",
     "check_compile",
 ]
 
@@ -47,12 +47,17 @@ def add_precision_arguments(parser: argparse.ArgumentParser, *, compile: bool = 
                         help="cast the weights once at load (default: float32 as saved)")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default=None,
                         help="int8: int8 weight-only Linear layers with per-channel scales (default: none)")
-    parser.add_argument("--no-pack", dest="pack", action="store_false",
-                        help="keep each Linear weight once, not also in oneDNN's packed layout: half the memory of the "
-                        "weights, slower matmuls of a few rows on the CPU (default: packed)")
+    add_pack_argument(parser)
     if compile:
         parser.add_argument("--compile", action="store_true",
                             help="torch.compile the one-token decode step over a static KV cache")
+
+
+def add_pack_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-pack`` (``args.pack``, default ``True``): the ``pack`` of :func:`~aiayn.pretrained.load_pretrained`."""
+    parser.add_argument("--no-pack", dest="pack", action="store_false",
+                        help="keep each Linear weight once, not also in oneDNN's packed layout: half the memory of the "
+                        "weights, slower matmuls of a few rows on the CPU (default: packed)")
 
 
 def precision_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,8 @@ import argparse
 import socket
 import sys
 
+from aiayn.cli.inference import add_pack_argument
+
 HELP = "serve a checkpoint over HTTP: OpenAI-style endpoints with streaming and request batching, metrics, a page at /"
 
 
@@ -15,9 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights' dtype (default: float32)")
     parser.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
-    parser.add_argument("--no-pack", dest="pack", action="store_false",
-                        help="keep each Linear weight once, not also in oneDNN's packed layout: half the memory of the "
-                        "weights, slower matmuls of a few rows on the CPU (default: packed)")
+    add_pack_argument(parser)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
     parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together in one step (default: 8)")
     parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot; more get 429 (default: 64)")

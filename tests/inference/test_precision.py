@@ -188,7 +188,7 @@ def test_a_packed_model_cast_afterwards_still_computes_its_linear():
         torch.testing.assert_close(model(x), expected, rtol=1e-2, atol=1e-2)
 
 
-def test_pack_false_loads_plain_linears_with_the_same_logits(tmp_path, monkeypatch):
+def test_pack_false_loads_plain_linears_with_the_same_logits(tmp_path):
     """``pack=False`` (``aiayn.load``, ``load_pretrained``, ``load_served_model``) holds each weight once, as a plain
     ``nn.Linear``; the logits are the packed model's. The default packs where oneDNN can (fp32 on any x86 CPU)."""
     import aiayn
