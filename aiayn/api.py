@@ -11,12 +11,11 @@ are thin calls into :mod:`aiayn.decoding.text`, the same path the CLI takes.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import nn
@@ -24,23 +23,28 @@ from torch import nn
 from aiayn.checkpoint.directory import CONFIG_FILE
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.generation import generate as run_generation
+from aiayn.decoding.protocol import left_pad
+from aiayn.decoding.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeDecoder
 from aiayn.decoding.text import (
     FilledMask,
     beam_config,
     classify_texts,
     fill_mask_text,
     generation_config,
+    pad_id,
     prompt_ids,
     score_texts,
 )
 from aiayn.decoding.translate import translate_sentences
+from aiayn.inference.embed import embed_texts, embedding_pooling
 from aiayn.models.config import TransformerConfig
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.pretrained import Pretrained, id2label_names, load_pretrained, prepare_for_inference
-from aiayn.tokenization.base import Tokenizer
+from aiayn.tokenization.base import Tokenizer, same_vocabulary
 from aiayn.tokenization.special import SpecialIds, special_ids
+from aiayn.untrusted import read_json_file
 
 __all__ = ["load", "load_parts", "LoadedModel", "Prediction", "is_hf_dir"]
 
@@ -94,22 +98,70 @@ class LoadedModel:
         results = translate_sentences([model], self.src_tokenizer, texts, config, tgt_tokenizer=self.tgt_tokenizer, batch_size=batch_size)
         return [self.tgt_tokenizer.decode(hyps[0].tokens) if hyps else "" for hyps in results]
 
-    def generate(
+    @overload
+    def generate(  # type: ignore[overload-overlap]  # a str is a Sequence[str] too: the first match wins
         self, prompt: str, max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
         top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
-        repetition_penalty: float = 1.0,
-    ) -> str:
-        """Continue ``prompt``; returns the prompt followed by the generated text (EOS not shown)."""
+        repetition_penalty: float = 1.0, speculative: str | None = None, draft: LoadedModel | None = None,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    ) -> str: ...
+
+    @overload
+    def generate(
+        self, prompt: Sequence[str], max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
+        top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
+        repetition_penalty: float = 1.0, speculative: str | None = None, draft: LoadedModel | None = None,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    ) -> list[str]: ...
+
+    def generate(
+        self, prompt: str | Sequence[str], max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
+        top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
+        repetition_penalty: float = 1.0, speculative: str | None = None, draft: LoadedModel | None = None,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    ) -> str | list[str]:
+        """Continue ``prompt`` (one text, or a list decoded as one left-padded batch); returns each prompt
+        followed by its generated text (EOS not shown): a ``str`` for a ``str``, a list for a list.
+
+        ``speculative``: ``"prompt-lookup"`` or ``"draft"`` (with ``draft``, a smaller loaded model of the same
+        tokenizer) checks up to ``draft_tokens`` drafted tokens per forward (:mod:`aiayn.decoding.speculative`);
+        greedy output is the same, sampling the same distribution. A list is then decoded prompt by prompt."""
         model = self._need(DecoderOnly, "generate")
         tok = self.src_tokenizer
         config = generation_config(
             tok, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
             stop_strings=tuple(stop), repetition_penalty=repetition_penalty,
         )
-        ids = torch.tensor([prompt_ids(tok, prompt)], device=self.device)
+        prompts = _as_list(prompt, "prompt")
+        if not prompts:
+            raise ValueError("prompt is an empty list: give at least one text")
+        ids, mask = left_pad([prompt_ids(tok, p) for p in prompts], pad_id(tok), self.device)
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        out = run_generation(CausalLMDecoder(model), ids, None, config, generator=generator, detokenize=tok.decode)
-        return prompt + tok.decode(out.sequences()[0])
+        decoder = CausalLMDecoder(model, static_cache=True)  # the CLI's decoder
+        if speculative is not None:
+            rows = self._speculative_rows(decoder, prompts, config, generator, speculative, draft, draft_tokens)
+        else:
+            rows = run_generation(decoder, ids, mask, config, generator=generator, detokenize=tok.decode).sequences()
+        texts = [p + tok.decode(row) for p, row in zip(prompts, rows)]
+        return texts[0] if isinstance(prompt, str) else texts
+
+    def _speculative_rows(
+        self, decoder: CausalLMDecoder, prompts: list[str], config: Any, generator: torch.Generator, mode: str,
+        draft: LoadedModel | None, draft_tokens: int,
+    ) -> list[list[int]]:
+        """Each prompt's generated ids, decoded one by one speculatively (speculative decoding takes one row)."""
+        if draft is not None and not isinstance(draft, LoadedModel):
+            raise ValueError(f"draft must be an aiayn.load(...) model, got {type(draft).__name__}")
+        if draft is not None and not same_vocabulary(draft.src_tokenizer, self.src_tokenizer):
+            raise ValueError(f"draft={draft.path} has another tokenizer than {self.path}: a draft model must share the "
+                             "model's tokenizer (same vocabulary and special ids), or use speculative='prompt-lookup'")
+        speculative = SpeculativeDecoder(decoder, mode=mode, draft_tokens=draft_tokens, draft_model=None if draft is None else draft.model)
+        tok = self.src_tokenizer
+        rows = []
+        for text in prompts:
+            ids = torch.tensor([prompt_ids(tok, text)], device=self.device)
+            rows.extend(run_generation(speculative, ids, None, config, generator=generator, detokenize=tok.decode).sequences())
+        return rows
 
     def classify(self, texts: str | Sequence[str], *, batch_size: int = 32) -> list[Prediction]:
         """The class of each text, by name where the checkpoint knows the names (else ``"0"``, ``"1"``...)."""
@@ -121,6 +173,20 @@ class LoadedModel:
             Prediction(names[label], row[label], dict(zip(names, row)))
             for label, row in zip(result.labels.tolist(), result.probs.tolist())
         ]
+
+    def embed(
+        self, texts: str | Sequence[str], *, normalize: bool | None = None, batch_size: int = 32, pooling: str | None = None,
+    ) -> torch.Tensor:
+        """Sentence embeddings ``(N, d_model)``, float32, as sentence-transformers' ``encode`` gives them.
+
+        The pooling is read from sentence-transformers' files in the model's directory where they exist
+        (``modules.json``: mean, cls or max, and whether a ``Normalize`` module follows); other models
+        pool with the mean and normalise. ``pooling`` (``"mean"``, ``"cls"``, ``"max"``) and ``normalize``
+        override that. Texts longer than the model's limit are cut, as sentence-transformers cuts them.
+        """
+        model = self._need(EncoderOnly, "embed")
+        chosen = embedding_pooling(model, self.path, pooling=pooling, normalize=normalize)
+        return embed_texts(model, self.src_tokenizer, _as_list(texts, "texts"), chosen, batch_size=batch_size, device=self.device)
 
     def fill_mask(self, text: str, top_k: int = 5) -> FilledMask:
         """Fill each mask token of ``text`` (the tokenizer's spelling: ``<mask>``, BERT's ``[MASK]``)."""
@@ -194,8 +260,8 @@ def is_hf_dir(directory: Path) -> bool:
     if not file.is_file():
         return False
     try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
+        config = read_json_file(file, what="model config")  # bounded: a hostile file is named by the loader
+    except ValueError:
         return False
     return isinstance(config, dict) and "family" not in config and ("architectures" in config or "model_type" in config)
 
@@ -203,6 +269,8 @@ def is_hf_dir(directory: Path) -> bool:
 def _as_list(texts: str | Sequence[str], name: str) -> list[str]:
     if isinstance(texts, str):
         return [texts]
+    if not isinstance(texts, Sequence):
+        raise TypeError(f"{name} must be a str or a list of str, got {type(texts).__name__}")
     texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):

@@ -24,12 +24,13 @@ import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
+from aiayn.untrusted import MAX_CONFIG_BYTES, parse_yaml, read_untrusted_bytes
+from aiayn.validation import check_known_keys
 
 __all__ = ["to_dict", "from_dict", "convert_value", "load_yaml", "save_yaml", "apply_overrides", "parse_yaml_value"]
 
@@ -47,12 +48,10 @@ _Loader.add_implicit_resolver(
 )
 
 
-def parse_yaml_value(text: str) -> Any:
-    """Parse ``text`` with the safe YAML loader of this module; ``ValueError`` if it is not valid YAML."""
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 -- _Loader is a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise ValueError(f"cannot parse {text!r} as YAML: {e}") from e
+def parse_yaml_value(text: str, source: str | None = None) -> Any:
+    """Parse ``text`` with the safe YAML loader of this module, bounded (:func:`aiayn.untrusted.parse_yaml`:
+    depth, alias expansion); ``ValueError`` naming ``source`` (default: the text) if it is not valid YAML."""
+    return parse_yaml(text, source, loader=_Loader)
 
 
 # --------------------------------------------------------------------------- dataclass -> plain data
@@ -104,10 +103,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, path: str = "") -> T:
         )
     hints = _type_hints(cls)
     fields = _init_fields(cls)
-    names = [f.name for f in fields]
-    for key in data:
-        if key not in names:
-            raise ValueError(_unknown_key(key, names, path, cls))
+    check_known_keys(data, [f.name for f in fields], owner=cls.__name__, path=path)
     kwargs: dict[str, Any] = {}
     for f in fields:
         dotted = _join(path, f.name)
@@ -236,11 +232,11 @@ def _convert_dict(value: Any, tp: Any, args: tuple[Any, ...], path: str) -> dict
 
 def load_yaml(path: str | os.PathLike[str], cls: type[T]) -> T:
     """Read a YAML file into dataclass ``cls``; every error names the file and the dotted key."""
-    text = Path(path).read_text(encoding="utf-8")
+    raw = read_untrusted_bytes(path, max_bytes=MAX_CONFIG_BYTES, what="config file")
     try:
-        data = parse_yaml_value(text)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from e
+        data = parse_yaml_value(raw.decode("utf-8"), str(path))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: the config file is not UTF-8 text ({e})") from None
     if data is None:  # an empty file is a mistake (a wrong path, a truncated copy), never "all defaults"
         raise ValueError(f"{path}: the config file is empty; write at least the keys that differ from the defaults")
     if not isinstance(data, Mapping):
@@ -310,9 +306,7 @@ def _resolve_key(cls: type[Any], data: dict[str, Any], key: str) -> tuple[Any, d
 
 def _field_type(cls: type[Any], name: str, prefix: str) -> Any:
     """The annotation of field ``name`` of ``cls``; ``ValueError`` naming the valid keys if there is none."""
-    names = [f.name for f in _init_fields(cls)]
-    if name not in names:
-        raise ValueError(_unknown_key(name, names, prefix, cls))
+    check_known_keys([name], [f.name for f in _init_fields(cls)], owner=cls.__name__, path=prefix)
     return _type_hints(cls)[name]  # type: ignore[arg-type]  # a class is hashable; typeshed cannot tell for type[Any]
 
 
@@ -357,13 +351,6 @@ def _accepts_str(tp: Any) -> bool:
     if get_origin(tp) is Union or get_origin(tp) is types.UnionType:
         return str in get_args(tp)
     return False
-
-
-def _unknown_key(key: Any, valid: list[str], path: str, cls: type[Any]) -> str:
-    dotted = _join(path, str(key))
-    close = difflib.get_close_matches(str(key), valid, n=1)
-    hint = f" (did you mean {_join(path, close[0])!r}?)" if close else ""
-    return f"unknown key {dotted!r} for {cls.__name__}{hint}; valid keys: {', '.join(valid)}"
 
 
 def _type_error(path: str, tp: Any, value: Any) -> TypeError:

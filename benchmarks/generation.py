@@ -4,7 +4,7 @@ Marian-shaped encoder-decoder, in one process, rounds interleaved, medians repor
 
 Decoder-only variants (``--variants``): ours in fp32 over the static KV cache (``ours-fp32``), the
 same over the dynamic (growing) cache (``ours-fp32-dynamic``), with bf16 weights (``ours-bf16``),
-with int8 weight-only Linear layers (``ours-int8``), compiled (``ours-*-compiled``), without a
+with int8 or int4 weight-only Linear layers (``ours-int8``, ``ours-int4``), compiled (``ours-*-compiled``), without a
 cache (``ours-fp32-uncached``), with plain ``nn.Linear`` layers instead of the oneDNN-packed ones
 ``load_pretrained`` gives (``ours-fp32-unpacked``: MKL's sgemm, as Hugging Face runs); Hugging Face ``GPT2LMHeadModel.generate`` in fp32 (``hf-fp32``) and
 with bf16 weights (``hf-bf16``). Weights are random (no download), built as ``GPT2LMHeadModel`` and
@@ -19,6 +19,12 @@ run (``dst.copy_(src)`` of 256 MiB, read + written bytes over time).
     python benchmarks/generation.py --batches 1 --threads 2 --rounds 3
     python benchmarks/generation.py --variants ours-bf16,hf-fp32 --profile ours-bf16
     python benchmarks/generation.py --quick                            # tiny shapes in seconds (smoke test)
+
+llama.cpp is the peer at batch 1 when its llama-bench is built (``benchmarks/llama_cpp.sh build``, about
+15 minutes on 2 cores): the same random GPT-2 weights are converted by llama.cpp's own converter to
+F32, BF16, Q8_0 and Q4_0, ``llama-bench -t THREADS -p PROMPT -n NEW_TOKENS --repack 0`` runs each in the
+same run, and a table gives ours (the best variant of each format) against it. Without the build the
+column is skipped, saying how to build it. ``--llama-cpp no`` skips it.
 """
 
 from __future__ import annotations
@@ -37,7 +43,6 @@ from torch import Tensor, nn
 
 from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
-from aiayn.decoding.static import StaticCausalLMDecoder
 from aiayn.inference import (
     Int8Linear,
     PackedLinear,
@@ -45,8 +50,21 @@ from aiayn.inference import (
     pack_linears,
     quantize_int8,
 )
+from aiayn.inference.quantization import quantize
 from aiayn.inference.precision import can_pack, native_bf16
 from aiayn.interop.hf import load_hf
+
+try:  # run as a script: benchmarks/ is on sys.path; loaded by tests through importlib: it may not be
+    import llama_peer
+except ImportError:  # pragma: no cover
+    import importlib.util as _util
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    _spec = _util.spec_from_file_location("llama_peer", _Path(__file__).resolve().parent / "llama_peer.py")
+    llama_peer = _util.module_from_spec(_spec)  # type: ignore[arg-type]
+    _sys.modules["llama_peer"] = llama_peer
+    _spec.loader.exec_module(llama_peer)  # type: ignore[union-attr]
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +85,10 @@ QUICK_MARIAN = {"d_model": 32, "layers": 2, "heads": 2, "ffn": 64, "vocab": 128}
 
 VARIANTS = (
     "ours-fp32", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-bf16-compiled",
-    "ours-int8-compiled", "ours-fp32-uncached", "ours-fp32-unpacked", "hf-fp32", "hf-bf16",
+    "ours-int8-compiled", "ours-int4", "ours-int4-compiled", "ours-fp32-uncached", "ours-fp32-unpacked", "hf-fp32", "hf-bf16",
 )
 DEFAULT_VARIANTS = (
-    "ours-fp32", "ours-fp32-unpacked", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-fp32-uncached",
+    "ours-fp32", "ours-fp32-unpacked", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-int4", "ours-fp32-compiled", "ours-fp32-uncached",
     "hf-fp32", "hf-bf16",
 )
 # The issue's targets: (variant, batch) -> (peer variant, ratio)
@@ -145,6 +163,8 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
         pack_linears(models["bf16"])  # as load_pretrained(dtype="bfloat16") does on the CPU
     if any("int8" in n for n in names):
         models["int8"] = quantize_int8(copy.deepcopy(ours))
+    if any("int4" in n for n in names):
+        models["int4"] = quantize(copy.deepcopy(ours), "int4")  # a scale and zero per 32 inputs, as llama.cpp's Q4_0
     if any(n.endswith("-unpacked") for n in names):  # MKL's sgemm through F.linear, as a plain nn.Linear runs
         models["unpacked"], ours = ours, copy.deepcopy(ours)
     pack_linears(ours)  # as load_pretrained does on the CPU: weights also in oneDNN's layout (no copy unless needed)
@@ -174,7 +194,7 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
         elif name.endswith("-uncached"):
             decoder = CausalLMDecoder(model, use_cache=False)
         else:
-            decoder = StaticCausalLMDecoder(model, compile=name.endswith("-compiled"))
+            decoder = CausalLMDecoder(model, static_cache=True, compile=name.endswith("-compiled"))
         runners[name] = (ours_with(decoder), model)
     return runners
 
@@ -299,6 +319,31 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
 # --------------------------------------------------------------------------- report
 
 
+def bench_llama_cpp(args: argparse.Namespace, shape: Shape, rows: Sequence[Row]) -> str:
+    """llama-bench on the same weights, per GGUF format and thread count, beside ours (batch 1): a table."""
+    bench = llama_peer.find_llama_bench(args.llama_bench)
+    if bench is None:
+        return "\nllama.cpp: skipped (no llama-bench; build it with benchmarks/llama_cpp.sh build, or pass --llama-bench PATH)"
+    _, peer = gpt2_pair(shape)
+    files = llama_peer.gguf_files(peer)
+    lines = [f"\nllama.cpp ({bench}), batch 1, --repack 0, {args.rounds} repetitions, in this run",
+             "| threads | GGUF | llama.cpp tok/s | ours, best variant | ours tok/s | ours/llama.cpp | target |",
+             "| ---: | --- | ---: | --- | ---: | ---: | --- |"]
+    for threads in args.threads:
+        for fmt, variants in llama_peer.FORMATS.items():
+            peer_rate = llama_peer.llama_bench_tokens_per_s(bench, files[fmt], threads, args.prompt, args.new_tokens, args.rounds)
+            ours = [r for r in rows if r.batch == 1 and r.threads == threads and r.variant in variants]
+            best = max(ours, key=lambda r: r.tokens_per_s, default=None)
+            want = llama_peer.TARGETS[fmt]
+            if best is None:
+                lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | (not run: {', '.join(variants)}) | - | - | >= {want} |")
+                continue
+            got = best.tokens_per_s / peer_rate
+            verdict = "met" if got >= want else f"missed by {want - got:.2f} ({got / want:.0%} of it)"
+            lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | {best.variant} | {best.tokens_per_s:,.2f} | {got:.2f} | >= {want}: {verdict} |")
+    return "\n".join(lines)
+
+
 def format_rows(rows: Sequence[Row], new_tokens: int) -> str:
     by_key = {(r.batch, r.threads, r.variant): r for r in rows}
     lines = [
@@ -342,6 +387,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="only time single Linear layers, 768 -> 3072 and 768 -> 50257, for 1 and 8 rows "
                         "(fp32, fp32 packed, bf16, bf16 packed, int8)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1 round, few tokens (a smoke test)")
+    p.add_argument("--llama-cpp", choices=("auto", "no"), default="auto",
+                   help="llama.cpp's llama-bench as the batch-1 peer when it is built (default: auto)")
+    p.add_argument("--llama-bench", default=None, help="path of llama-bench (default: $PATH, then what llama_cpp.sh built)")
     args = p.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in args.variants if v not in VARIANTS]
@@ -372,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> tuple[list[Row], list[tuple[int, 
 def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, float, bool]]]:
     shape, sizes = (QUICK_GPT, QUICK_MARIAN) if args.quick else (GPT2, MARIAN)
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {time.strftime('%a %b %d %Y %H:%M UTC', time.gmtime())}")
+    print(f"CPU: {llama_peer.cpu_summary()}")
     if not native_bf16(torch.device("cpu")):
         print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls of several rows are a slow generic loop "
               "(one row is fast), so bf16 rows at batch > 1 measure that")
@@ -393,6 +442,8 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, fl
                 rows += bench_decoder_only(args, shape, batch, threads, bandwidth)
         print(f"\ndecoder-only, prompt {args.prompt}, {args.new_tokens} greedy tokens, median of {args.rounds} interleaved rounds")
         print(format_rows(rows, args.new_tokens))
+        if args.llama_cpp == "auto" and 1 in args.batches:
+            print(bench_llama_cpp(args, shape, rows))
     beams = []
     if args.beam != "no":
         print(f"\nbeam 4, Marian shape ({sizes}), {args.beam_sentences} sources of {args.beam_source_len} tokens, {args.beam_new_tokens} tokens each")

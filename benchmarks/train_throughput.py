@@ -1,6 +1,8 @@
 """Is our decoder-only model as fast to train as Hugging Face's GPT-2? Tokens/s of a full training step
 (forward, cross-entropy, backward, AdamW), ours against ``GPT2LMHeadModel`` of the same shape and the
-same weights, in one process, interleaved, in fp32 and in bf16 (``torch.autocast`` on the CPU).
+same weights, in one process, interleaved, in fp32 and in bf16 (``torch.autocast`` on the CPU), and ours
+also with bf16 parameters and fp32 master weights (``bf16-master``, the library's ``MasterWeights``: cast once
+per step) against the peer's autocast.
 
 Shapes: ``small`` is nanoGPT's CPU recipe (4 layers, 4 heads, d_model 128, batch 12 x 64, 65
 characters); ``gpt2`` is GPT-2 small (12 layers, 12 heads, d_model 768, batch 4 x 256, 50257 ids).
@@ -15,10 +17,14 @@ rounds is reported. Model FLOPs per token are ``6 N + 12 L d T`` (PaLM appendix 
 ``estimate_mfu``): ``N`` parameters without the position table (the tied embedding counted once,
 as the output projection's matmul), ``L`` layers, ``d`` d_model, ``T`` sequence length. Utilisation
 is model FLOP/s over a peak measured here: the best of several large square ``torch.mm`` in fp32 and bf16.
+With both ``bf16`` and ``bf16-master`` timed for a shape, the script prints which was faster and whether
+``train.precision=auto``'s rule (``MASTER_MIN_PARAMS``, aiayn/training/precision.py) picks it there.
+``--loss own`` gives ours the library's chunked cross-entropy instead of the shared fp32 one.
 
     python benchmarks/train_throughput.py                          # both shapes, fp32 and bf16, 5 rounds
     python benchmarks/train_throughput.py --shapes small --rounds 3 --threads 1
     python benchmarks/train_throughput.py --shapes gpt2 --dtypes bf16 --profile
+    python benchmarks/train_throughput.py --shapes small,gpt2 --dtypes bf16,bf16-master --adamw own --loss own
     python benchmarks/train_throughput.py --quick                  # a tiny shape in seconds (smoke test)
 """
 
@@ -30,7 +36,7 @@ import math
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -40,6 +46,9 @@ from torch import Tensor, nn
 
 from aiayn import build_model
 from aiayn.inference.precision import native_bf16
+from aiayn.training.losses import IGNORE_INDEX, label_smoothed_cross_entropy
+from aiayn.training.master_weights import MasterWeights
+from aiayn.training.precision import MASTER_MIN_PARAMS
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,9 @@ SHAPES = {
     "gpt2": Shape("gpt2", n_layers=12, n_heads=12, d_model=768, batch=4, seq_len=256, vocab_size=50257, n_positions=1024),
 }
 QUICK_SHAPE = Shape("tiny", n_layers=2, n_heads=2, d_model=32, batch=2, seq_len=16, vocab_size=65, n_positions=16)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = ("fp32", "bf16", "bf16-master")  # the --dtypes choices
+PEAKS = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the matmul peaks measured
+PEER_DTYPE = {"fp32": "fp32", "bf16": "bf16", "bf16-master": "bf16"}  # the peer's autocast beside our master weights
 
 
 @dataclass(frozen=True)
@@ -121,6 +132,12 @@ def shared_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def own_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """The same mean as :func:`shared_loss`, by the library's chunked cross-entropy (no fp32 logits of the batch)."""
+    loss = label_smoothed_cross_entropy(logits, targets, pad_id=IGNORE_INDEX, smoothing=0.0)
+    return loss.sum / loss.count
+
+
 def flops_per_token(model: nn.Module, shape: Shape) -> float:
     """``6 N + 12 L d T``: N counts each parameter once (tied ones too) and leaves out the position table."""
     n_params = sum(p.numel() for p in model.parameters())  # .parameters() yields a tied tensor once
@@ -132,21 +149,28 @@ class Trainer:
     """One model, its AdamW and its forward; ``step()`` runs one full training step."""
 
     def __init__(
-        self, model: nn.Module, forward: Callable[[nn.Module, Tensor], Tensor], dtype: torch.dtype, adamw: str = "default"
+        self, model: nn.Module, forward: Callable[[nn.Module, Tensor], Tensor], dtype: str, adamw: str = "default",
+        loss: Callable[[Tensor, Tensor], Tensor] = shared_loss,
     ) -> None:
         self.model = model
         self.forward = forward
-        self.dtype = dtype
+        self.dtype, self.loss = dtype, loss
         impl = {} if adamw == "default" else {adamw: True}  # "default": torch's choice (a for-loop on the CPU)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **impl)
+        self.master = MasterWeights(model) if dtype == "bf16-master" else None  # the optimizer steps the fp32 masters
 
     def step(self, ids: Tensor, targets: Tensor) -> float:
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.dtype == torch.bfloat16 else nullcontext()
-        with autocast:
-            loss = shared_loss(self.forward(self.model, ids), targets)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.dtype == "bf16" else nullcontext()
+        with self.master.swapped() if self.master is not None else nullcontext():  # bf16-master: on the copies
+            with autocast:
+                loss = self.loss(self.forward(self.model, ids), targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        if self.master is not None:
+            self.master.accumulate_grads()
         self.optimizer.step()
+        if self.master is not None:
+            self.master.update_copies()
         return loss.item()
 
 
@@ -174,16 +198,16 @@ def _timed(trainer: Trainer, ids: Tensor, targets: Tensor, steps: int) -> float:
 
 def compare(
     shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, rounds: int, steps: int | None, target_s: float,
-    adamw: str = "default", seed: int = 0,
+    adamw: str = "default", seed: int = 0, loss: str = "shared",
 ) -> Row:
     """Median tokens/s of both models over ``rounds`` interleaved rounds of ``steps`` steps each
     (``None``: as many as take about ``target_s`` seconds, the same number on both sides)."""
-    dtype = DTYPES[dtype_name]
     generator = torch.Generator().manual_seed(seed)
     data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=generator)
     ids, targets = data[:, :-1], data[:, 1:]
     own = adamw == "own"  # each side its library's choice: fused for ours (build_optimizer), torch's default for the peer
-    pair = (Trainer(ours, ours_logits, dtype, "fused" if own else adamw), Trainer(peer, peer_logits, dtype, "default" if own else adamw))
+    pair = (Trainer(ours, ours_logits, dtype_name, "fused" if own else adamw, own_loss if loss == "own" else shared_loss),
+            Trainer(peer, peer_logits, PEER_DTYPE[dtype_name], "default" if own else adamw))
     warm = [min(_timed(t, ids, targets, 1) for _ in range(2)) for t in pair]  # allocator, kernel (and compile) warm-up
     if steps is None:  # from each side's faster warm-up step: the first one of a compiled model includes compiling
         steps = max(1, round(target_s / statistics.mean(warm)))
@@ -209,16 +233,16 @@ def check_same_loss(shape: Shape, ours: nn.Module, peer: nn.Module) -> tuple[flo
 
 
 def profile_steps(
-    shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, adamw: str = "default", row_limit: int = 25
+    shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, adamw: str = "default", row_limit: int = 25,
+    loss: str = "shared",
 ) -> None:
     """Print torch.profiler's table (by self CPU time) of two training steps of each model."""
     from torch.profiler import ProfilerActivity, profile
 
-    dtype = DTYPES[dtype_name]
     data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=torch.Generator().manual_seed(2))
     own = adamw == "own"
-    trainers = (("ours", Trainer(ours, ours_logits, dtype, "fused" if own else adamw)),
-                ("peer", Trainer(peer, peer_logits, dtype, "default" if own else adamw)))
+    trainers = (("ours", Trainer(ours, ours_logits, dtype_name, "fused" if own else adamw, own_loss if loss == "own" else shared_loss)),
+                ("peer", Trainer(peer, peer_logits, PEER_DTYPE[dtype_name], "default" if own else adamw)))
     for name, trainer in trainers:
         trainer.step(data[:, :-1], data[:, 1:])
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -250,10 +274,23 @@ def format_table(rows: Sequence[Row], peaks: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def auto_rule_check(rows: Sequence[Row], shape: Shape, n_params: int) -> str:
+    """Whether ``train.precision=auto``'s rule picks the faster of bf16 autocast and bf16-master at this shape."""
+    rates = {r.dtype: r.ours_tokens_per_s for r in rows if r.shape == shape.name and r.dtype in ("bf16", "bf16-master")}
+    if len(rates) < 2:
+        return "  auto rule: not checked (time both bf16 and bf16-master)"
+    picked = "bf16-master" if n_params >= MASTER_MIN_PARAMS else "bf16"
+    faster = max(rates, key=rates.__getitem__)
+    return (f"  auto rule ({n_params / 1e6:.1f} M parameters vs MASTER_MIN_PARAMS {MASTER_MIN_PARAMS / 1e6:.0f} M): picks {picked}; "
+            f"faster here: {faster} (bf16-master / bf16 = {rates['bf16-master'] / rates['bf16']:.2f}); "
+            f"rule {'holds' if picked == faster else 'WRONG here'}")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="small,gpt2", help=f"comma-separated, from {', '.join(SHAPES)} (default: small,gpt2)")
-    p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated, from fp32, bf16 (default: fp32,bf16)")
+    p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated, from fp32, bf16, bf16-master (ours: bf16 "
+                   "parameters, fp32 masters; the peer: autocast) (default: fp32,bf16)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, the median is reported (default: 5)")
     p.add_argument("--steps", type=int, default=None, help="training steps per model per round (default: about --target-s seconds)")
     p.add_argument("--target-s", type=float, default=1.0, help="seconds per model per round when --steps is not given (default: 1)")
@@ -266,6 +303,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--adamw", choices=("default", "foreach", "fused", "own"), default="default",
                    help="AdamW implementation on both sides (default: torch's choice, a for-loop on the CPU; "
                    "own: each side its library's choice, fused for ours as aiayn's build_optimizer takes, torch's default for the peer)")
+    p.add_argument("--loss", choices=("shared", "own"), default="shared", help="ours: the shared fp32 cross-entropy "
+                   "(default) or own, the library's chunked one (no fp32 logits of the whole batch); the peer keeps the shared one")
     p.add_argument("--compile", action="store_true", help="torch.compile both models (forward and backward)")
     p.add_argument("--peak-n", type=int, default=2048, help="size of the square matmul that measures the peak (default: 2048)")
     p.add_argument("--profile", action="store_true", help="also print torch.profiler tables of two steps of each model")
@@ -284,7 +323,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _names(p: argparse.ArgumentParser, flag: str, value: str, table: dict) -> list[str]:
+def _names(p: argparse.ArgumentParser, flag: str, value: str, table: Collection[str]) -> list[str]:
     names = value.split(",")
     for name in names:
         if name not in table:
@@ -313,7 +352,8 @@ def _run(args: argparse.Namespace) -> list[Row]:
         print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls are a slow generic loop, so bf16 rows measure that")
     # fp32's peak always (a percentage column); bf16's only when a bf16 row asks for it: without native bf16 the
     # generic loop takes minutes at 2048 x 2048 (and one thread only), for a number no fp32 row needs.
-    peaks = {name: matmul_peak(dtype, args.peak_n) for name, dtype in DTYPES.items() if name == "fp32" or name in args.dtype_list}
+    wanted = {PEER_DTYPE[name] for name in args.dtype_list}
+    peaks = {name: matmul_peak(dtype, args.peak_n) for name, dtype in PEAKS.items() if name == "fp32" or name in wanted}
     print(f"matmul peak ({args.peak_n}x{args.peak_n} torch.mm, best of 5): "
           + ", ".join(f"{name} {flops / 1e12:.3f} TFLOP/s" for name, flops in peaks.items()))
     rows = []
@@ -327,10 +367,11 @@ def _run(args: argparse.Namespace) -> list[Row]:
               f"{shape.batch} x {shape.seq_len}, vocab {shape.vocab_size}: {n_params / 1e6:.2f} M parameters "
               f"(peer: {sum(p.numel() for p in peer.parameters()) / 1e6:.2f} M); attention: ours {args.ours_attention!r}, peer "
               f"{peer.config._attn_implementation!r}; compiled {args.compile}; peer activation {args.peer_activation!r}; AdamW {args.adamw}; "
-              f"same-weights loss {a:.5f} vs {b:.5f}")
+              f"loss {args.loss}; same-weights loss {a:.5f} vs {b:.5f}")
         for dtype_name in args.dtype_list:
             row = compare(
-                shape, dtype_name, ours, peer, rounds=args.rounds, steps=args.steps, target_s=args.target_s, adamw=args.adamw
+                shape, dtype_name, ours, peer, rounds=args.rounds, steps=args.steps, target_s=args.target_s, adamw=args.adamw,
+                loss=args.loss,
             )
             rows.append(row)
             print(f"  {dtype_name}: ours {row.ours_tokens_per_s:,.0f} tok/s, peer {row.peer_tokens_per_s:,.0f} tok/s, "
@@ -338,7 +379,8 @@ def _run(args: argparse.Namespace) -> list[Row]:
                   f"{min(row.ours_rates):,.0f}..{max(row.ours_rates):,.0f} and {min(row.peer_rates):,.0f}..{max(row.peer_rates):,.0f})",
                   flush=True)
             if args.profile:
-                profile_steps(shape, dtype_name, ours, peer, adamw=args.adamw)
+                profile_steps(shape, dtype_name, ours, peer, adamw=args.adamw, loss=args.loss)
+        print(auto_rule_check(rows, shape, n_params))
         del ours, peer
     print("\nmodel FLOPs per token = 6 N + 12 L d T (PaLM appendix B; N without the position table)")
     print(format_table(rows, peaks))

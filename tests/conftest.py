@@ -1,6 +1,7 @@
 """Shared test set-up: the training fixtures are importable from every test folder, and torch runs
 on one thread in each test process (make test runs one process per core, with pytest-xdist)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "training"))
 torch.set_num_threads(1)
+# Linear kernels as a fixed rule (oneDNN wherever it packs), not timed per machine: results do not depend
+# on which kernel won a timing, and no test writes the user's kernel cache (tests/inference/test_kernel_choice.py
+# covers the measured choice with its own cache).
+os.environ.setdefault("AIAYN_LINEAR_KERNEL", "packed")
 
 
 def pytest_collection_modifyitems(config, items):

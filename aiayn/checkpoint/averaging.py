@@ -8,7 +8,6 @@ so its output loads with ``aiayn.pretrained.load_pretrained`` like a checkpoint 
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.checkpoint.directory import read_json
 from aiayn.checkpoint.state import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -136,7 +136,7 @@ def average_last(run_dir: str | os.PathLike[str], n: int, out_dir: str | os.Path
         hint = f"; to average those, pass n={len(chosen)} (--last {len(chosen)})" if len(chosen) > 1 else ""
         raise ValueError(f"average_last needs {n} complete checkpoints in {run_dir}, found {len(chosen)}: {names}{hint}")
     chosen.reverse()
-    configs = [with_defaults(json.loads((p / CONFIG_FILE).read_bytes())) for p in chosen]
+    configs = [with_defaults(read_json(p / CONFIG_FILE)) for p in chosen]  # the bounded reader of checkpoints
     for path, config in zip(chosen, configs):
         if config != configs[-1]:
             raise ValueError(

@@ -21,6 +21,7 @@ from typing import Any
 from aiayn.checkpoint import atomic_io
 from aiayn.checkpoint.errors import CorruptCheckpointError
 from aiayn.checkpoint.weights import read_safetensors
+from aiayn.untrusted import UntrustedInputError, read_json_file
 
 __all__ = [
     "FORMAT", "MARKER", "MODEL_FILE", "CONFIG_FILE", "OPTIMIZER_TENSORS", "OPTIMIZER_JSON", "TRAINER_FILE",
@@ -55,23 +56,33 @@ def checkpoint_name(step: int) -> str:
 
 
 def write_checkpoint_dir(
-    final: str | os.PathLike[str], files: Sequence[tuple[str, Callable[[], bytes]]], marker_fields: Mapping[str, Any]
+    final: str | os.PathLike[str],
+    files: Sequence[tuple[str, Callable[[], bytes]]],
+    marker_fields: Mapping[str, Any],
+    *,
+    tmp: Path | None = None,
 ) -> Path:
     """Write ``files`` (name, producer of bytes) and the ``COMPLETE`` marker, then rename into ``final``.
 
     The files are produced and written one at a time into a temporary sibling that is fsynced and
-    renamed; on any error it is removed and ``final`` is untouched. Raises ``FileExistsError`` if
-    ``final`` exists and ``OSError`` (same errno) naming ``final`` and the file being written.
+    renamed; on any error it is removed and ``final`` is untouched. ``tmp``: that sibling, already
+    holding files others wrote (every rank's DCP shards, see sharded.py); they are listed too. Raises
+    ``FileExistsError`` if ``final`` exists and ``OSError`` (same errno) naming ``final`` and the file being written.
     """
     final = Path(final)
     if final.exists():
         raise FileExistsError(f"checkpoint directory already exists: {final}")
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = atomic_io.temporary_sibling(final)
+    prefilled = tmp is not None
+    tmp = tmp if tmp is not None else atomic_io.temporary_sibling(final)
     current = "(creating the temporary directory)"
     try:
-        tmp.mkdir()
         entries: dict[str, dict[str, Any]] = {}
+        if prefilled:
+            current = "(listing the files already written)"
+            entries = _list_written(tmp)
+        else:
+            tmp.mkdir()
         for name, produce in files:
             current = name
             data = produce()
@@ -92,6 +103,17 @@ def write_checkpoint_dir(
         raise
     atomic_io.fsync_dir(final.parent)
     return final
+
+
+def _list_written(tmp: Path) -> dict[str, dict[str, Any]]:
+    """Marker entries of the files below ``tmp`` (``dcp/__0_0.distcp``), their folders fsynced."""
+    entries = {}
+    for f in sorted(tmp.rglob("*")):
+        if f.is_dir():
+            atomic_io.fsync_dir(f)
+        elif f.is_file():
+            entries[f.relative_to(tmp).as_posix()] = {"size": f.stat().st_size, "sha256": atomic_io.file_sha256(f)}
+    return entries
 
 
 def json_bytes(obj: Any, what: str) -> bytes:
@@ -155,7 +177,7 @@ def _verify_file(file: Path, entry: Any, check_hash: bool) -> None:
     if size != entry.get("size"):
         raise CorruptCheckpointError(file, f"size is {size} bytes, {MARKER} records {entry.get('size')}")
     if check_hash:
-        digest = _sha256(file)
+        digest = atomic_io.file_sha256(file)
         if digest != entry.get("sha256"):
             raise CorruptCheckpointError(file, f"sha256 {digest} does not match {entry.get('sha256')} in {MARKER}")
     if file.suffix == ".json":
@@ -164,19 +186,13 @@ def _verify_file(file: Path, entry: Any, check_hash: bool) -> None:
         read_safetensors(file)
 
 
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_json(file: Path) -> Any:
+    """A checkpoint's JSON file through the bounded reader (size, depth, regular file); ``CorruptCheckpointError``
+    naming the file otherwise, so a hostile marker makes a resume fall back instead of crashing."""
     try:
-        return json.loads(file.read_bytes())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptCheckpointError(file, f"invalid JSON ({e})") from e
+        return read_json_file(file, what="checkpoint JSON file")
+    except UntrustedInputError as e:
+        raise CorruptCheckpointError(file, str(e).removeprefix(f"{file}: ")) from None
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:

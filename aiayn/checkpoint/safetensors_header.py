@@ -21,7 +21,7 @@ import torch
 
 from aiayn.checkpoint.errors import CorruptCheckpointError
 
-__all__ = ["MAX_HEADER_BYTES", "MAX_ENTRIES", "DTYPES", "TensorRecord", "read_header", "meta_state"]
+__all__ = ["MAX_HEADER_BYTES", "MAX_ENTRIES", "DTYPES", "TensorRecord", "read_header", "meta_state", "check_weights_file"]
 
 MAX_HEADER_BYTES = 4 * 1024 * 1024  # 4 MiB; real headers (per shard) are well under 1 MiB
 MAX_ENTRIES = 20_000  # tensors per file; GPT-2 has ~150, a paper-big optimizer state ~1,000
@@ -51,9 +51,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorRecord], 
     Raises ``FileNotFoundError`` for a missing file and ``CorruptCheckpointError`` naming the file
     (and the tensor) for a header that is too large, not JSON, or holds a bad record.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such weights file: {path}")
+    path = check_weights_file(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
         prefix = f.read(8)
@@ -84,6 +82,23 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, TensorRecord], 
     records = {name: _record(path, name, entry, data_size) for name, entry in header.items()}
     _check_tiling(path, records, data_size)
     return records, metadata
+
+
+def check_weights_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` if it is a regular weights file and not a symbolic link (one could point anywhere on the
+    machine); ``FileNotFoundError`` when absent, ``CorruptCheckpointError`` naming it otherwise. Every
+    weights file alike: ours, a checkpoint's, a Hugging Face single file or shard."""
+    path = Path(path)
+    if path.is_symlink():
+        raise CorruptCheckpointError(
+            path, f"is a symbolic link (to {os.readlink(path)}); weights are read from plain files only: copy the file "
+            "into the directory (a Hugging Face cache links its files: download with --local-dir instead)"
+        )
+    if not path.exists():
+        raise FileNotFoundError(f"no such weights file: {path}")
+    if not path.is_file():
+        raise CorruptCheckpointError(path, "is not a regular file (a directory, FIFO or device); refusing to read it")
+    return path
 
 
 def _record(path: Path, name: str, entry: object, data_size: int) -> TensorRecord:

@@ -74,6 +74,7 @@ __all__ = [
     "CorruptCheckpointWarning",
     "checkpoint_name",
     "save_checkpoint",
+    "state_files",
     "write_checkpoint_dir",
     "verify_checkpoint",
     "list_checkpoints",
@@ -173,14 +174,36 @@ def save_checkpoint(
     final = Path(run_dir) / checkpoint_name(step)
     model_state = model.state_dict()
     check_finite(model_state)
-    files: list[tuple[str, Callable[[], bytes]]] = [
-        (MODEL_FILE, lambda: state_dict_to_bytes(model_state)),
-        (CONFIG_FILE, _constant(json_bytes(_config_dict(config), "config"))),
-    ]
+    files: list[tuple[str, Callable[[], bytes]]] = [(MODEL_FILE, lambda: state_dict_to_bytes(model_state))]
     if optimizer is not None:
         opt_tensors, opt_tree = flatten_tree(optimizer.state_dict())
         files.append((OPTIMIZER_TENSORS, lambda: tensors_to_bytes(opt_tensors)))
         files.append((OPTIMIZER_JSON, _constant(json_bytes({"format": FORMAT, "state": opt_tree}, "optimizer state"))))
+    files += state_files(
+        step=step, config=config, scheduler=scheduler, data_state=data_state, metrics=metrics, best=best,
+        extra_files=extra_files, save_rng=save_rng, generators=generators, ranks=ranks, scaler=scaler,
+    )
+    return write_checkpoint_dir(final, files, {"step": step})
+
+
+def state_files(
+    *,
+    step: int,
+    config: Any,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    data_state: Mapping[str, Any] | None,
+    metrics: Mapping[str, float] | None,
+    best: BestValue | None,
+    extra_files: Sequence[str | os.PathLike[str]],
+    save_rng: bool,
+    generators: Mapping[str, Generator] | None,
+    ranks: Sequence[RankState],
+    scaler: Mapping[str, Any] | None,
+) -> list[tuple[str, Callable[[], bytes]]]:
+    """Every file of a checkpoint but the model and optimizer (config, trainer record, generators, ranks,
+    extra files) for :func:`write_checkpoint_dir`: a plain save and a sharded one write the same.
+    Everything is checked (and the generators captured) now; ``ValueError``/``TypeError`` as in
+    :func:`save_checkpoint`."""
     trainer = {
         "format": FORMAT,
         "step": step,
@@ -190,17 +213,19 @@ def save_checkpoint(
         "best": None if best is None else dataclasses.asdict(best),
         "scaler": None if scaler is None else dict(scaler),
     }
-    files.append((TRAINER_FILE, _constant(json_bytes(trainer, "trainer state (data_state, metrics)"))))
+    files = [
+        (CONFIG_FILE, _constant(json_bytes(_config_dict(config), "config"))),
+        (TRAINER_FILE, _constant(json_bytes(trainer, "trainer state (data_state, metrics)"))),
+    ]
     if save_rng:
         rng = capture_rng_state(generators)
-        files.append((RNG_TENSORS, lambda: tensors_to_bytes(rng.tensors)))
+        files.append((RNG_TENSORS, _constant(tensors_to_bytes(rng.tensors))))
         files.append((RNG_JSON, _constant(json_bytes(rng.meta, "rng state"))))
     for rank, state in enumerate(ranks, start=1):
         tensors_name, json_name = _rank_files(rank)
         files.append((tensors_name, _constant(tensors_to_bytes(state.rng.tensors))))
         files.append((json_name, _constant(json_bytes({"rng": state.rng.meta, "data": state.data}, f"state of rank {rank}"))))
-    files.extend(_extra_files(extra_files))
-    return write_checkpoint_dir(final, files, {"step": step})
+    return files + _extra_files(extra_files)
 
 
 def _constant(data: bytes) -> Callable[[], bytes]:
@@ -248,22 +273,30 @@ def _extra_files(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, Cal
 # --------------------------------------------------------------------------- loading
 
 
-def load_checkpoint(path: str | os.PathLike[str], *, verified: bool = False) -> Checkpoint:
+def load_checkpoint(path: str | os.PathLike[str], *, verified: bool = False, sharded: bool = False) -> Checkpoint:
     """Verify and read one checkpoint directory; ``CorruptCheckpointError`` names a bad file.
 
     ``verified``: the caller has just verified it (:func:`latest_checkpoint`, :func:`resolve_checkpoint`),
-    so the files are not hashed a second time (sizes and formats are still checked).
+    so the files are not hashed a second time (sizes and formats are still checked). ``sharded``: a
+    ``train.parallel=fsdp`` checkpoint, read but for its DCP shards (``model_state`` is empty, see
+    :func:`aiayn.checkpoint.sharded.load_sharded_state`). Raises ``ValueError`` naming the path when it
+    is the other kind.
     """
     path = Path(path)
     marker = verify_checkpoint(path, check_hashes=not verified)
-    if marker.get("sharded"):
+    if marker.get("sharded") and not sharded:
         raise ValueError(
             f"{path} is a sharded (DCP) checkpoint written with train.parallel=fsdp: resume it with "
             "train.parallel=fsdp, or write a model directory from it with `aiayn consolidate`"
         )
+    if sharded and not marker.get("sharded"):
+        raise ValueError(
+            f"{path} is a plain checkpoint (model.safetensors), not a sharded one: train.parallel=fsdp resumes only "
+            "checkpoints written with train.parallel=fsdp; resume it with train.parallel=ddp, or start from its "
+            "weights with train.init_from"
+        )
     names = set(marker["files"])
-    model_state, _ = read_safetensors(path / MODEL_FILE)
-    config = read_json(path / CONFIG_FILE)
+    model_state: dict[str, Tensor] = {} if sharded else read_safetensors(path / MODEL_FILE)[0]
     optimizer_state = None
     if OPTIMIZER_JSON in names:
         opt_tensors, _ = read_safetensors(path / OPTIMIZER_TENSORS)
@@ -284,12 +317,13 @@ def load_checkpoint(path: str | os.PathLike[str], *, verified: bool = False) -> 
     return Checkpoint(
         path=path,
         step=int(marker["step"]),
-        config=config,
+        config=read_json(path / CONFIG_FILE),
         model_state=model_state,
         optimizer_state=optimizer_state,
         trainer=trainer,
         rng=rng,
-        extra_files=tuple(sorted(names - RESERVED - rank_files)),
+        # caller files are plain names: a path with a folder is the DCP shards' (dcp/...)
+        extra_files=tuple(sorted(n for n in names - RESERVED - rank_files if "/" not in n)),
         ranks=ranks,
     )
 

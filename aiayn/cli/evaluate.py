@@ -1,4 +1,5 @@
-"""``aiayn evaluate --checkpoint DIR --split NAME``: the metric of the checkpoint's task on a held-out split."""
+"""``aiayn evaluate --checkpoint DIR --split NAME`` (or ``--files PATH [PATH]``): the metric of the
+checkpoint's task on a held-out split or on any files in the task's format."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER
 from aiayn.cli.args import finite_float
 from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, precision_options, saved_train_config
+from aiayn.data.datasets import SST2_LABELS
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation.held_out import HELD_OUT_SPLITS, NATURAL_TASK, evaluate_held_out
-from aiayn.pretrained import Pretrained, load_pretrained
+from aiayn.pretrained import Pretrained, confine_data_paths, load_pretrained
 from aiayn.training.config import DataSection
 
 HELP = "evaluate a checkpoint on a split: sacreBLEU + chrF (translation), perplexity (LM), masked-token or class accuracy"
@@ -23,15 +25,21 @@ HELP = "evaluate a checkpoint on a split: sacreBLEU + chrF (translation), perple
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser, ensemble=True)
-    parser.add_argument("--split", required=True,
-                        help="multi30k: val | test2016; tinyshakespeare: val; sst2: dev; your own files: val (data.val_files)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--split",
+                       help="multi30k: val | test2016; tinyshakespeare: val; sst2: dev; your own files: val (data.val_files, "
+                            "or the 10%% held out) | test (data.test_files)")
+    which.add_argument("--files", nargs="+", metavar="PATH",
+                       help="score these files, in the task's format: SRC TGT or PAIRS (translation), TEXT (lm), TABLE "
+                            "(classification, mlm); the columns and header settings are the training config's")
     parser.add_argument("--dataset", choices=sorted(NATURAL_TASK), help="default: the one the checkpoint was trained on")
     parser.add_argument("--direction", choices=("de-en", "en-de"), help="multi30k direction (default: as trained)")
     parser.add_argument("--data-dir", help="where the data sets are (default: as trained, then $AIAYN_DATA_DIR, then the user cache)")
     parser.add_argument("--beam-size", type=int, default=4, help="translation beam size (default: 4, section 6.1)")
     parser.add_argument("--length-penalty", type=finite_float, default=0.6, help="alpha of the length penalty (default: 0.6)")
     parser.add_argument("--limit", type=int, help="evaluate only the first N examples (a quick look; not a result)")
-    parser.add_argument("--out", help="write the metrics as JSON here (default: eval-DATASET-SPLIT.json in the run directory)")
+    parser.add_argument("--out", help="write the metrics as JSON here (default: eval-CHECKPOINT-SPLIT.json or "
+                                      "eval-CHECKPOINT-FILES.json in the run directory, never over another evaluation's)")
     parser.add_argument("--hypotheses", help="translation: also write the outputs here, one per line")
 
 
@@ -47,10 +55,14 @@ def run(args: argparse.Namespace) -> int:
     data = _data_section(args, loaded)
     started = time.perf_counter()
     result: dict[str, Any] = {"checkpoint": str(loaded.path)} if len(members) == 1 else {"checkpoints": [str(m.path) for m in members]}
-    result |= {"dataset": data.dataset, "split": args.split, "task": data.task}
+    if args.files:
+        result["files"] = [str(Path(f).resolve()) for f in args.files]
+    else:
+        result |= {"dataset": data.dataset, "split": args.split}
+    result["task"] = data.task
     beam = BeamConfig(beam_size=args.beam_size, length_penalty=args.length_penalty)
-    scored = evaluate_held_out([m.model for m in members], tok, loaded.tgt_tokenizer, data, args.split,
-                               beam=beam, limit=args.limit, progress=True)
+    scored = evaluate_held_out([m.model for m in members], tok, loaded.tgt_tokenizer, data, args.split, files=args.files,
+                               label_names=_model_labels(data, loaded), beam=beam, limit=args.limit, progress=True)
     result |= scored.metrics
     if args.hypotheses and scored.hypotheses:
         atomic_write_bytes(args.hypotheses, "".join(h + "\n" for h in scored.hypotheses).encode())
@@ -58,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.limit:
         result["limit"] = args.limit
     _print_table(result)
-    out = Path(args.out) if args.out else _run_dir(loaded) / f"eval-{data.dataset}-{args.split}.json"
+    out = Path(args.out) if args.out else _out_path(_run_dir(loaded), result, members)
     existed = out.exists()
     atomic_write_bytes(out, (json.dumps(result, indent=2) + "\n").encode())
     print(f"wrote {out}" + (" (replacing the earlier results there)" if existed else ""))
@@ -67,8 +79,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _data_section(args: argparse.Namespace, loaded: Pretrained) -> DataSection:
     """The data to evaluate on: the training config's data section (own files, data_dir, direction,
-    task) with the flags given on top; without a training config, ``--dataset`` and its natural task."""
+    task) with the flags given on top; without a training config, ``--dataset`` and its natural task.
+    The config's paths must lie inside ``--checkpoint`` (untrusted input) unless the flags replace them."""
     trained = saved_train_config(loaded.path)
+    if trained is None and args.files and args.dataset is None:
+        return DataSection(task=_FAMILY_TASK[loaded.config.family], dataset="files", train_files=list(args.files),
+                           max_len=loaded.config.max_len, block_size=loaded.config.max_len)
     if trained is None:
         if args.dataset is None:
             raise ValueError(f"--dataset is needed: {args.checkpoint[0]} has no training config that says which data "
@@ -85,11 +101,52 @@ def _data_section(args: argparse.Namespace, loaded: Pretrained) -> DataSection:
     if args.data_dir is not None:
         changes["data_dir"] = args.data_dir
     data = dataclasses.replace(data, **changes)
-    if data.dataset == "files" and not data.val_files and data.task != "lm":
-        raise ValueError(f"{args.checkpoint[0]} was trained on data.train_files without data.val_files: nothing held out to evaluate")
+    given = {"data.data_dir"} if args.data_dir is not None else set()
+    given |= {"data.val_files", "data.test_files"} if args.files else set()
+    if args.files and loaded.labels is not None:  # the class names come from labels.json, not data.train_files
+        given.add("data.train_files")
+    data = confine_data_paths(data, args.checkpoint[0], Path(loaded.path) / "train_config.yaml", given=given)
+    if args.files:
+        return data
     if args.split not in HELD_OUT_SPLITS[data.dataset]:
         raise ValueError(f"--split {args.split!r} is not a held-out split of {data.dataset}; choose one of {HELD_OUT_SPLITS[data.dataset]}")
     return data
+
+
+_FAMILY_TASK = {"encoder-decoder": "translation", "decoder-only": "lm", "encoder-only": "classification"}  # no training config
+_IDENTITY = ("checkpoint", "checkpoints", "dataset", "split", "files", "limit", "beam_size", "length_penalty")
+
+
+def _model_labels(data: DataSection, loaded: Pretrained) -> list[str] | None:
+    """A classifier's classes as its data files write them (SST-2's files write 0/1 for negative/positive)."""
+    if data.task != "classification":
+        return None
+    trained = saved_train_config(loaded.path)
+    if trained is not None and trained.data.dataset == "sst2":
+        return list(SST2_LABELS)
+    return loaded.labels
+
+
+def _out_path(run_dir: Path, result: dict[str, Any], members: list[Pretrained]) -> Path:
+    """``eval-CHECKPOINT-SPLIT.json`` (or ``-FILES``): replaces only a result of the same evaluation;
+    another one at that name (other files with the same names, another --limit) gets ``-2``, ``-3``..."""
+    model = Path(members[0].path).name if len(members) == 1 else f"ensemble{len(members)}-" + "+".join(Path(m.path).name for m in members)
+    what = "+".join(Path(f).name for f in result["files"]) if "files" in result else f"{result['dataset']}-{result['split']}"
+    stem = f"eval-{model}-{what}" + (f"-limit{result['limit']}" if result.get("limit") else "")
+    identity = {k: result.get(k) for k in _IDENTITY}
+    for n in range(1, 1000):
+        out = run_dir / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+        if not out.exists() or _identity(out) == identity:
+            return out
+    raise ValueError(f"{run_dir} holds 999 evaluations named {stem}-N.json: pass --out")
+
+
+def _identity(path: Path) -> dict[str, Any] | None:
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {k: earlier.get(k) for k in _IDENTITY} if isinstance(earlier, dict) else None
 
 
 def _run_dir(loaded: Pretrained) -> Path:

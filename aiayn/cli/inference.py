@@ -12,10 +12,10 @@ from torch import nn
 
 from aiayn.api import load_parts
 from aiayn.cli.args import device
-from aiayn.inference.precision import DTYPES
+from aiayn.inference.precision import DTYPE_CHOICES
 from aiayn.inference.quantization import QUANTIZATIONS
 from aiayn.pretrained import Pretrained
-from aiayn.tokenization.base import Tokenizer
+from aiayn.tokenization.base import Tokenizer, same_vocabulary
 
 if TYPE_CHECKING:
     from aiayn.training.config import TrainConfig
@@ -43,8 +43,8 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, *, ensemble: bool 
 def add_precision_arguments(parser: argparse.ArgumentParser, *, compile: bool = False) -> None:
     """The shared inference flags: ``--dtype``, ``--quantize`` (every command that loads a model) and,
     with ``compile``, ``--compile`` (commands that decode token by token)."""
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default=None,
-                        help="cast the weights once at load (default: float32 as saved)")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                        help="cast the weights once at load; bf16 means bfloat16 (default: float32 as saved)")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default=None,
                         help="int8: int8 weight-only Linear layers with per-channel scales (default: none)")
     add_pack_argument(parser)
@@ -113,15 +113,11 @@ def check_ensemble(members: list[Pretrained]) -> None:
             raise ValueError(f"--checkpoint {other.path} holds a model of family {other.config.family}, {first.path} "
                              f"one of family {first.config.family}: ensemble members must be of one family")
         for side in ("src_tokenizer", "tgt_tokenizer"):
-            if _vocabulary(getattr(other, side)) != _vocabulary(getattr(first, side)):
+            if not same_vocabulary(getattr(other, side), getattr(first, side)):
                 raise ValueError(
                     f"--checkpoint {other.path} has a different {side.replace('_', ' ')} from "
                     f"{first.path}: ensemble members must share their tokenizers (fine-tune them from one run)"
                 )
-
-
-def _vocabulary(tokenizer: Tokenizer | None) -> list[str | None] | None:
-    return None if tokenizer is None else [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
 
 
 def read_texts(command: str, texts: list[str]) -> list[str]:
@@ -155,12 +151,12 @@ def batches(items: list[str], size: int) -> list[list[str]]:
 
 
 def saved_train_config(path: str | Path) -> TrainConfig | None:
-    """The training config saved with a checkpoint (or beside an averaged model), if any."""
+    """The training config saved in a model directory or checkpoint (never its parent's), if any.
+
+    Its paths are untrusted: a command that reads them confines them first
+    (:func:`aiayn.pretrained.confine_data_paths`)."""
     from aiayn.config_io import load_yaml
     from aiayn.training.config import TrainConfig
 
-    path = Path(path)
-    for candidate in (path / "train_config.yaml", path.parent / "train_config.yaml"):
-        if candidate.is_file():
-            return load_yaml(candidate, TrainConfig)
-    return None
+    candidate = Path(path) / "train_config.yaml"
+    return load_yaml(candidate, TrainConfig) if candidate.exists() else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from aiayn.config_io import apply_overrides, load_yaml
 from aiayn.training.config import TrainConfig
@@ -28,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aiayn.recipes import resolve_config_path
-    from aiayn.training.loop import train  # imported here: keeps `aiayn --help` fast
+    from aiayn.training.loop import TrainingInterrupted, train  # imported here: keeps `aiayn --help` fast
 
     overrides = list(args.overrides)
     if args.run_dir:
@@ -39,7 +40,12 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"train.init_from={args.init_from}")
     config = apply_overrides(load_yaml(resolve_config_path(args.config), TrainConfig), overrides)
     resume: bool | str = args.resume or (False if args.fresh else "auto")
-    result = train(config, resume=resume)
+    try:
+        result = train(config, resume=resume)
+    except TrainingInterrupted as stop:  # SIGINT/SIGTERM: the step finished and was saved
+        if os.environ.get("RANK", "0") == "0":
+            print(f"aiayn train: {stop}; resume with the same command", file=sys.stderr, flush=True)
+        return stop.exit_code  # 130 for SIGINT, 143 for SIGTERM, as a shell expects of a signalled process
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun, rank 0 reports
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items())

@@ -22,6 +22,7 @@ from aiayn.data.readers import (
     ParallelText,
     read_classification,
     read_lines,
+    read_pairs,
     read_parallel,
     read_text,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "read_text",
     "read_lines",
     "read_parallel",
+    "read_pairs",
     "read_classification",
     "SentenceDataset",
     "ClassificationDataset",

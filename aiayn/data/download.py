@@ -40,6 +40,8 @@ def fetch_file(
     dest = Path(dest)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - addresses come from our table
+            if not gunzip:  # written to disk as it comes: an archive of a GB is never held whole
+                return _stream(url, response, dest, sha256, max_bytes)
             data = response.read(max_bytes + 1)
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise DownloadError(f"could not download {url}: {e}") from e
@@ -64,6 +66,33 @@ def fetch_file(
         Path(tmp).unlink(missing_ok=True)
         raise
     logger.info("downloaded %s to %s (%d bytes, sha256 ok)", url, dest, len(data))
+    return dest
+
+
+def _stream(url: str, response: io.BufferedIOBase, dest: Path, sha256: str, max_bytes: int) -> Path:
+    """Copy ``response`` to a temporary sibling of ``dest`` in 1 MiB pieces, hashing them; rename it when whole and right."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    digest, size = hashlib.sha256(), 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            while chunk := response.read(1 << 20):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise DownloadError(f"{url} is larger than the limit of {max_bytes} bytes; stopped reading, {dest} was not written")
+                digest.update(chunk)
+                f.write(chunk)
+        if digest.hexdigest() != sha256:
+            raise DownloadError(
+                f"checksum mismatch for {url}: expected sha256 {sha256}, got {digest.hexdigest()}; {dest} was not written "
+                "(the file at the address changed, or the download was corrupted)"
+            )
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; data files are for every user
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    logger.info("downloaded %s to %s (%d bytes, sha256 ok)", url, dest, size)
     return dest
 
 

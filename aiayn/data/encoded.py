@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aiayn.data.batching import padded_length
 from aiayn.data.errors import DataError
 from aiayn.tokenization.special import PAD_ID
 
@@ -101,14 +102,17 @@ def limit_lengths(lengths: Sequence[np.ndarray], max_len: int | None, too_long: 
     return LengthLimit(np.arange(n), over, 0, n_over)
 
 
-def pad_batch(seqs: Sequence[np.ndarray], *, prefix: int | None = None, suffix: int | None = None) -> tuple[Tensor, Tensor]:
-    """Stack ``prefix + seq + suffix`` rows padded with ``PAD_ID`` -> ``(ids (B, L) long, lengths (B,) long)``."""
+def pad_batch(
+    seqs: Sequence[np.ndarray], *, prefix: int | None = None, suffix: int | None = None, multiple: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """Stack ``prefix + seq + suffix`` rows padded with ``PAD_ID`` -> ``(ids (B, L) long, lengths (B,) long)``;
+    ``L`` is the longest row rounded up to ``multiple`` (:func:`~aiayn.data.batching.padded_length`)."""
     if len(seqs) == 0:
         raise ValueError("cannot pad an empty batch: seqs has no sequences")
     start = 0 if prefix is None else 1
     extra = start + (0 if suffix is None else 1)
     lengths = np.fromiter((len(s) + extra for s in seqs), dtype=np.int64, count=len(seqs))
-    out = np.full((len(seqs), int(lengths.max())), PAD_ID, dtype=np.int64)
+    out = np.full((len(seqs), padded_length(int(lengths.max()), multiple)), PAD_ID, dtype=np.int64)
     if prefix is not None:
         out[:, 0] = prefix
     for b, s in enumerate(seqs):

@@ -13,10 +13,11 @@ import numpy as np
 import torch
 
 from aiayn.data.batch import IGNORE_INDEX, MLMBatch
+from aiayn.data.batching import padded_length
 from aiayn.data.encoded import pad_batch
 from aiayn.nn.masks import padding_mask_from_lengths
 from aiayn.tokenization.base import N_SPECIAL
-from aiayn.tokenization.special import MASK_ID
+from aiayn.tokenization.special import MASK_ID, PAD_ID
 
 __all__ = ["mask_tokens", "MLMCollate"]
 
@@ -76,7 +77,7 @@ class MLMCollate:
 
     def __init__(
         self, vocab_size: int, *, mask_prob: float = 0.15, mask_token_prob: float = 0.8, random_token_prob: float = 0.1,
-        mask_id: int = MASK_ID, special: Sequence[int] | None = None,
+        mask_id: int = MASK_ID, special: Sequence[int] | None = None, pad_to_multiple: int = 1,
     ) -> None:
         # Validate once, here, rather than at the first batch.
         mask_tokens(np.zeros((1, 1), dtype=np.int64), np.random.default_rng(0), vocab_size,
@@ -84,6 +85,7 @@ class MLMCollate:
         self.vocab_size, self.mask_prob = vocab_size, mask_prob
         self.mask_token_prob, self.random_token_prob = mask_token_prob, random_token_prob
         self.mask_id, self.special = mask_id, None if special is None else list(special)
+        self.pad_to_multiple = pad_to_multiple  # widen after masking: the masks stay those of the unpadded batch
 
     def __call__(self, examples: Sequence[np.ndarray], rng: np.random.Generator | None = None) -> MLMBatch:
         ids, lengths = pad_batch(examples)
@@ -97,9 +99,13 @@ class MLMCollate:
             mask_id=self.mask_id,
             special=self.special,
         )
+        extra = padded_length(ids.shape[1], self.pad_to_multiple) - ids.shape[1]
+        if extra:
+            inputs = np.pad(inputs, ((0, 0), (0, extra)), constant_values=PAD_ID)
+            labels = np.pad(labels, ((0, 0), (0, extra)), constant_values=IGNORE_INDEX)
         return MLMBatch(
             input=torch.from_numpy(inputs),
             labels=torch.from_numpy(labels),
-            pad_mask=padding_mask_from_lengths(lengths, ids.shape[1]),
-            segment_ids=torch.zeros_like(ids),
+            pad_mask=padding_mask_from_lengths(lengths, inputs.shape[1]),
+            segment_ids=torch.zeros(inputs.shape, dtype=torch.long),
         )

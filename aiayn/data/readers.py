@@ -1,4 +1,5 @@
-"""Generic readers: parallel text, plain text, and labelled text (TSV or CSV), all strict UTF-8.
+"""Generic readers: parallel text (two files or one table of pairs), plain text, and labelled text (TSV, CSV or
+JSON lines), all strict UTF-8.
 
 Lines are split on ``\\n`` only (never on U+2028 and friends, which would break the alignment of
 parallel files); a trailing ``\\r`` is removed; a leading byte-order mark is ignored. Nothing else
@@ -7,13 +8,12 @@ is touched, so no-break spaces and trailing whitespace reach the tokenizer as th
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Sequence
 
 from aiayn.data.errors import DataError
+from aiayn.data.tables import Column, TableFormat, read_table
 
 __all__ = [
     "ParallelText",
@@ -22,6 +22,7 @@ __all__ = [
     "read_lines",
     "read_parallel",
     "read_classification",
+    "read_pairs",
 ]
 
 
@@ -61,10 +62,19 @@ class LabeledText:
 
 
 def read_text(path: str | Path) -> str:
-    """Whole file as one string. Raises ``DataError`` for an empty file or bytes that are not UTF-8
-    (naming the line)."""
+    """Whole file as one string. Raises ``DataError`` for a missing or unreadable file, an empty file,
+    or bytes that are not UTF-8 (naming the line)."""
     path = Path(path)
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory; expected a file") from None
+    except PermissionError:
+        raise DataError(f"{path}: cannot be read (permission denied)") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
     if not data:
         raise DataError(f"{path}: file is empty (0 bytes); expected UTF-8 text")
     return _decode(path, data)
@@ -94,62 +104,67 @@ def read_classification(
     path: str | Path,
     *,
     label_names: Sequence[str] | None = None,
-    format: Literal["tsv", "csv"] | None = None,
-    text_column: str = "sentence",
-    label_column: str = "label",
+    format: TableFormat | None = None,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    header: bool | None = None,
+    known_from: str | None = None,
 ) -> LabeledText:
-    """Labelled texts from ``label<TAB>text`` lines (TSV, no header) or a CSV with a header.
+    """Labelled texts from a table: TSV, CSV or JSON lines (see :mod:`aiayn.data.tables`).
 
-    ``format`` defaults to the file suffix. ``label_names`` fixes the label set and its order (pass
-    the training set's ``label_names`` when reading a dev set); without it the set is what the file
-    holds, sorted (numerically when every label is an integer). Raises ``DataError`` for an unknown
-    label (naming it, the line and the known labels), a malformed line, or a file with no examples.
+    ``format`` defaults to the file suffix (``.csv``, ``.jsonl``, else TSV). Columns: ``text_column``
+    and ``label_column`` by name or number; by default the header's ``text`` (or ``sentence``) and
+    ``label``, or, without a header, ``label`` then ``text`` (SST-2's ``label<TAB>text``). ``header``:
+    ``None`` detects it. ``label_names`` fixes the label set and its order (pass the training set's
+    when reading a dev set; ``known_from`` says where they come from, for the error); without it the
+    set is what the file holds, sorted (numerically when every label is an integer). Raises
+    ``DataError`` for an unknown label (naming it, the line and the known labels), a malformed row,
+    or a file with no examples.
     """
     path = Path(path)
-    if format is None:
-        format = "csv" if path.suffix.lower() == ".csv" else "tsv"
-    if format == "tsv":
-        rows = _tsv_rows(path)
-    elif format == "csv":
-        rows = _csv_rows(path, text_column, label_column)
-    else:
-        raise ValueError(f"format must be 'tsv', 'csv' or None, got {format!r}")
-    if not rows:
-        raise DataError(f"{path}: no examples (the file has no data lines)")
+    columns = [
+        Column("data.label_column", label_column, ("label",), 0),
+        Column("data.text_column", text_column, ("text", "sentence"), 1),
+    ]
+    rows = read_table(path, read_text(path), columns, header=header, format=format)
+    rows = [(line, [label.strip(), text]) for line, (label, text) in rows]
     if label_names is None:
-        label_names = _sorted_labels({label for _, label, _ in rows})
+        label_names = _sorted_labels({label for _, (label, _) in rows})
     index = {name: i for i, name in enumerate(label_names)}
     texts, labels = [], []
-    for line, label, text in rows:
+    for line, (label, text) in rows:
         if label not in index:
-            raise DataError(f"{path}: line {line}: unknown label {label!r}; known labels: {list(label_names)}")
+            where = f"does not occur in {known_from}" if known_from else "is unknown"
+            raise DataError(f"{path}: line {line}: label {label!r} {where}; known labels: {list(label_names)}")
         texts.append(text)
         labels.append(index[label])
     return LabeledText(texts, labels, list(label_names))
 
 
-def _tsv_rows(path: Path) -> list[tuple[int, str, str]]:
-    rows = []
-    for n, line in enumerate(read_lines(path), start=1):
-        label, tab, text = line.partition("\t")
-        if not tab:
-            raise DataError(f"{path}: line {n}: expected 'label<TAB>text', found no tab in {line[:60]!r}")
-        rows.append((n, label, text))
-    return rows
-
-
-def _csv_rows(path: Path, text_column: str, label_column: str) -> list[tuple[int, str, str]]:
-    reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
-    header = reader.fieldnames or []
-    missing = [c for c in (label_column, text_column) if c not in header]
-    if missing:
-        raise DataError(f"{path}: missing column(s) {missing} in the header {header}; pass label_column/text_column")
-    rows = []
-    for record in reader:
-        if record[label_column] is None or record[text_column] is None:
-            raise DataError(f"{path}: line {reader.line_num}: fewer fields than the header {header}")
-        rows.append((reader.line_num, record[label_column], record[text_column]))
-    return rows
+def read_pairs(
+    path: str | Path,
+    *,
+    format: TableFormat | None = None,
+    source_column: str | None = None,
+    target_column: str | None = None,
+    header: bool | None = None,
+) -> ParallelText:
+    """Sentence pairs from one table: ``source<TAB>target`` lines, a CSV, or JSON lines with
+    ``source`` / ``target`` keys (``source_column`` / ``target_column`` choose others, by name or
+    number). Raises ``DataError`` naming the line of a pair with an empty side."""
+    path = Path(path)
+    columns = [
+        Column("data.source_column", source_column, ("source", "src"), 0),
+        Column("data.target_column", target_column, ("target", "tgt"), 1),
+    ]
+    src, tgt = [], []
+    for line, (source, target) in read_table(path, read_text(path), columns, header=header, format=format):
+        for side, text in (("source", source), ("target", target)):
+            if not text.strip():
+                raise DataError(f"{path}: line {line}: the {side} is empty; every pair needs both sides (fill it in or remove the line)")
+        src.append(source)
+        tgt.append(target)
+    return ParallelText(src, tgt)
 
 
 def _sorted_labels(labels: set[str]) -> list[str]:

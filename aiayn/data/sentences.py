@@ -99,10 +99,11 @@ class ClassificationDataset(Dataset):
 
 
 def collate_classification(
-    examples: Sequence[tuple[np.ndarray, int]], rng: np.random.Generator | None = None
+    examples: Sequence[tuple[np.ndarray, int]], rng: np.random.Generator | None = None, *, pad_to_multiple: int = 1,
 ) -> ClassificationBatch:
-    """Pad ``(ids, label)`` examples into a :class:`ClassificationBatch` (``rng`` is unused)."""
-    ids, lengths = pad_batch([e[0] for e in examples])
+    """Pad ``(ids, label)`` examples into a :class:`ClassificationBatch` (``rng`` is unused), the length
+    rounded up to a multiple of ``pad_to_multiple``."""
+    ids, lengths = pad_batch([e[0] for e in examples], multiple=pad_to_multiple)
     return ClassificationBatch(
         input=ids,
         labels=torch.tensor([e[1] for e in examples], dtype=torch.long),

@@ -17,7 +17,7 @@ from aiayn.data.encoded import Ragged, TooLong, limit_lengths, pad_batch
 from aiayn.data.readers import ParallelText
 from aiayn.nn.masks import padding_mask_from_lengths
 from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.special import BOS_ID, EOS_ID, special_ids
+from aiayn.tokenization.special import BOS_ID, EOS_ID, encode_sources, special_ids
 
 __all__ = ["TranslationDataset", "collate_translation"]
 
@@ -47,7 +47,7 @@ class TranslationDataset(Dataset):
     ) -> TranslationDataset:
         """Tokenize ``pairs``; a pair with ``S`` or ``T`` above ``max_len`` is handled per ``too_long``
         (``"error"``, ``"drop"`` or ``"truncate"``). Raises ``DataError`` when no pair is left."""
-        src_ids = src_tokenizer.encode_batch(pairs.src, add_eos=src_eos)
+        src_ids = encode_sources(src_tokenizer, pairs.src) if src_eos else src_tokenizer.encode_batch(pairs.src)
         src_eos_id = special_ids(src_tokenizer).eos  # ours (2) or the tokenizer's own (Marian: 0)
         tgt_ids = tgt_tokenizer.encode_batch(pairs.tgt)
         src_len = np.array([len(s) for s in src_ids], dtype=np.int64)
@@ -83,15 +83,17 @@ class TranslationDataset(Dataset):
 
 def collate_translation(
     examples: Sequence[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator | None = None,
-    *, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+    *, bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_to_multiple: int = 1,
 ) -> TranslationBatch:
     """Pad ``(src, y)`` examples into a :class:`TranslationBatch` (``rng`` is unused: no randomness).
 
-    ``bos_id`` / ``eos_id``: the target tokenizer's (Marian starts from its pad id and ends with 0).
+    ``bos_id`` / ``eos_id``: the target tokenizer's (Marian starts from its pad id and ends with 0);
+    ``pad_to_multiple``: both lengths are rounded up to a multiple of it (masked padding).
     """
-    src, src_len = pad_batch([e[0] for e in examples])
-    tgt_in, tgt_len = pad_batch([e[1] for e in examples], prefix=bos_id)
-    tgt_out, _ = pad_batch([e[1] for e in examples], suffix=eos_id)
+    m = pad_to_multiple
+    src, src_len = pad_batch([e[0] for e in examples], multiple=m)
+    tgt_in, tgt_len = pad_batch([e[1] for e in examples], prefix=bos_id, multiple=m)
+    tgt_out, _ = pad_batch([e[1] for e in examples], suffix=eos_id, multiple=m)
     return TranslationBatch(
         src=src,
         tgt_in=tgt_in,

@@ -8,13 +8,12 @@ runs skip the hashing until the file changes. A read-only directory gets no note
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from pathlib import Path
 
-from aiayn.checkpoint.atomic_io import atomic_write_bytes
+from aiayn.checkpoint.atomic_io import atomic_write_bytes, file_sha256
 from aiayn.data.errors import DataError
 
 __all__ = ["NOTE_SUFFIX", "check_file", "remember"]
@@ -30,7 +29,7 @@ def check_file(path: Path, sha256: str) -> None:
     recorded = _read_note(note)
     if recorded == _entry(sha256, stat):
         return
-    got = _hash(path)
+    got = file_sha256(path)
     if got != sha256:
         raise DataError(
             f"{path} does not match its checksum: expected sha256 {sha256}, got {got} "
@@ -61,11 +60,3 @@ def _read_note(note: Path) -> object:
         return json.loads(note.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def _hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

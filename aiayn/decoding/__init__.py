@@ -5,7 +5,8 @@
   (:func:`greedy` is the shortcut); beam search: :func:`beam_search` with a :class:`BeamConfig`;
 * streaming: :func:`generate_steps` (iterator), ``generate(on_step=...)`` (callback), :func:`stream_text`;
 * encoder-only: :func:`fill_mask`, :func:`classify`;
-* ensembles: :class:`EnsembleDecoder` averages several decoders' probabilities, for any strategy.
+* ensembles: :class:`EnsembleDecoder` averages several decoders' probabilities, for any strategy;
+* speculative decoding: :class:`SpeculativeDecoder` (prompt lookup or a draft model), for greedy and sampling.
 """
 
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder, as_decoder
@@ -23,6 +24,7 @@ from aiayn.decoding.generation import Generation, GenerationStep, generate, gene
 from aiayn.decoding.greedy import greedy
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState, left_pad, right_pad
 from aiayn.decoding.sampling import GenerationConfig, logits_to_probs, next_token, sample
+from aiayn.decoding.speculative import SpeculativeDecoder
 from aiayn.decoding.streaming import TextStreamer, stream_text
 
 __all__ = [
@@ -31,4 +33,5 @@ __all__ = [
     "greedy", "logits_to_probs", "sample", "next_token", "BeamConfig", "Hypothesis",
     "beam_search", "length_penalty", "TextStreamer", "stream_text", "fill_mask", "classify",
     "MaskPrediction", "Classification", "encode_sentences", "encode_masked_text", "EnsembleDecoder",
+    "SpeculativeDecoder",
 ]

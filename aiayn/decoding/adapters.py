@@ -7,12 +7,15 @@
   cached and the new positions, so a padded batch gives each row the logits it would get alone.
 
 ``use_cache=False`` recomputes the whole prefix every step (the reference the cache is tested
-against); ``static_cache=True`` preallocates the cache for the longest possible output.
+against); ``static_cache=True`` preallocates the cache for the longest possible output, and
+``compile=True`` (decoder-only) compiles the one-token step over it. Every path runs the model's
+own ``forward`` with an explicit cache object (:mod:`aiayn.nn.cache`).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -20,11 +23,12 @@ from torch import Tensor, nn
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.nn.cache import KVCache
 from aiayn.nn.masks import check_padding_mask
-from aiayn.nn.positional import LearnedPositions, PositionalEncoding
+from aiayn.nn.positional import LearnedPositions, PositionalEncoding, SinusoidalPositions
 from aiayn.tokenization.special import BOS_ID
 
-__all__ = ["Seq2SeqDecoder", "CausalLMDecoder", "as_decoder"]
+__all__ = ["Seq2SeqDecoder", "CausalLMDecoder", "StaticState", "as_decoder"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,15 @@ class Seq2SeqDecoder:
     def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
         state.select(index, same_sources=same_sources)
 
+    @torch.no_grad()
+    def extend(self, tokens: Tensor, state: DecodeState) -> Tensor:
+        """Feed ``tokens (B, T)`` in one pass over the cache (speculative decoding's check); logits ``(B, T, V)``."""
+        if state.cache is None or state.memory is None:
+            raise ValueError("extend needs a state started with use_cache=True")
+        state.tokens = torch.cat([state.tokens, tokens], dim=1)
+        state.mask = torch.cat([state.mask, state.mask.new_ones(tokens.shape)], dim=1)
+        return self.model.decode(tokens, state.memory, src_mask=state.memory_mask, cache=state.cache)
+
     def _logits(self, state: DecodeState, new: Tensor) -> Tensor:
         if state.memory is None:
             raise ValueError("state has no encoder output (memory): start() it with this decoder")
@@ -94,6 +107,26 @@ class Seq2SeqDecoder:
         return logits[:, -1]  # (B, V)
 
 
+@dataclass
+class StaticState(DecodeState):
+    """A :class:`DecodeState` over a static cache, plus ``key_mask (B, S_max)`` (``False`` at left padding;
+    ``None`` without padding) and ``column (1,)``, the cache column of the next token (a tensor updated
+    in place, so compiled steps never recompile)."""
+
+    key_mask: Tensor | None = None
+    column: Tensor | None = None
+
+    def select(self, index: Tensor, *, same_sources: bool = False) -> None:
+        super().select(index, same_sources=same_sources)
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, index)
+
+    def crop(self, length: int) -> None:
+        super().crop(length)
+        if self.column is not None:
+            self.column.fill_(length)
+
+
 class CausalLMDecoder:
     """Decode a :class:`DecoderOnly`: ``start(prompt (B, P), mask (B, P), max_new_tokens=N)``.
 
@@ -101,13 +134,27 @@ class CausalLMDecoder:
     to ``ids != pad_id``. With learned positions, a sequence longer than ``max_len`` keeps going on
     its last ``max_len`` tokens (nanoGPT's crop): every position then shifts at each step, so the
     window is re-encoded from scratch (cached keys would hold the old positions).
+
+    ``static_cache=True``: softmax attention keeps its keys and values in buffers preallocated for prompt
+    + new tokens (:class:`~aiayn.nn.cache.StaticLayerCache`: fixed shapes, no host reads); the ring
+    buffer of local attention and the states of linear attention and the SSM are of fixed size anyway;
+    ALiBi (its bias counts keys from the last column) and runs past learned positions keep the growing
+    cache. ``compile=True`` (implies it) compiles the one-token step (``fullgraph=True, dynamic=False``)
+    and raises ``ValueError`` at once for a model without a static KV cache. The prefill checks the
+    prompt's ids; a compiled step does not check the model's own tokens.
     """
 
-    def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False) -> None:
-        if static_cache and not use_cache:
-            raise ValueError("static_cache=True needs use_cache=True")
+    def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False, compile: bool = False) -> None:
+        if (static_cache or compile) and not use_cache:
+            raise ValueError(f"{'compile' if compile else 'static_cache'}=True needs use_cache=True")
+        blocker = _static_blocker(model)
+        if compile and blocker is not None:
+            raise ValueError(f"compile=True needs a static KV cache (softmax attention, positions other than alibi); this model "
+                             f"has {blocker}: decode it without compile (static_cache=True keeps its constant-size cache)")
         _warn_if_training(model)
-        self.model, self.use_cache, self.static_cache = model, use_cache, static_cache
+        self.model, self.use_cache, self.compiled = model, use_cache, compile
+        self.static_cache = (static_cache or compile) and blocker is None
+        self._step = torch.compile(_decode_one, fullgraph=True, dynamic=False) if compile else _decode_one
         # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
         # scores depend only on distances, which left padding does not change.
         self._column_positions = model.positions.kind in ("alibi", "none")
@@ -121,8 +168,8 @@ class CausalLMDecoder:
     def start(self, ids: Tensor, mask: Tensor | None = None, *, max_new_tokens: int | None = None) -> tuple[DecodeState, Tensor]:
         """Prefill the prompt ``ids (B, P)``; return the state and the logits ``(B, V)`` of the first new token.
 
-        Raises ``ValueError`` when ``max_new_tokens`` is missing or too long for learned positions,
-        when a row is all padding, or when the padding is not on the left.
+        Raises ``ValueError`` when ``max_new_tokens`` is missing, when a row is all padding, when
+        the padding is not on the left, or for token ids outside the vocabulary.
         """
         model = self.model
         if max_new_tokens is None:
@@ -134,21 +181,25 @@ class CausalLMDecoder:
         elif prompt_len > 1 and not bool((mask[:, 1:] >= mask[:, :-1]).all()):
             raise ValueError("prompts must be left-padded (mask False only before a row's first token); use left_pad()")
         _check_max_new(max_new_tokens, None, "")
-        cache = None
-        if self.use_cache:
-            cache = model.new_cache(max_len=prompt_len + max_new_tokens if self.static_cache else None)
+        total = prompt_len + max_new_tokens
+        if self.static_cache and (self._window is None or total <= self._window):
+            return self._start_static(ids, mask, total, max_new_tokens)
         state = DecodeState(
             tokens=ids, mask=mask, max_new_tokens=torch.full((batch,), max_new_tokens, device=ids.device),
-            pads=(~mask).sum(dim=1), cache=cache,
+            pads=(~mask).sum(dim=1), cache=model.new_cache() if self.use_cache else None,
         )
         if self._outgrows_window(state):
             return state, self._encode_window(state)
-        logits = model(ids, self._pad_mask(state), cache=cache, offset=self._offset(state, 0))
+        logits = model(ids, self._pad_mask(state), cache=state.cache, offset=self._offset(state, 0))
         return state, logits[:, -1]
 
     @torch.no_grad()
     def step(self, tokens: Tensor, state: DecodeState) -> Tensor:
         state.append(tokens)
+        if isinstance(state, StaticState) and state.column is not None:
+            logits = self._step(self.model, tokens[:, None], state.cache, state.key_mask, state.column - state.pads)
+            state.column.add_(1)  # in place: the next step's column
+            return logits
         if self._outgrows_window(state):
             return self._encode_window(state)
         if state.cache is not None:
@@ -157,6 +208,42 @@ class CausalLMDecoder:
         else:
             logits = self.model(state.tokens, self._pad_mask(state), offset=self._offset(state, 0))
         return logits[:, -1]
+
+    @torch.no_grad()
+    def extend(self, tokens: Tensor, state: DecodeState) -> Tensor:
+        """Feed ``tokens (B, T)`` in one pass over the cache (speculative decoding's check); logits ``(B, T, V)``.
+
+        Raises ``ValueError`` without a cache, or past learned positions (where the window is re-encoded)."""
+        if state.cache is None:
+            raise ValueError("extend needs a state with a KV cache (use_cache=True, within learned positions' max_len)")
+        column = state.tokens.shape[1]
+        state.tokens = torch.cat([state.tokens, tokens], dim=1)
+        state.mask = torch.cat([state.mask, state.mask.new_ones(tokens.shape)], dim=1)
+        if self._outgrows_window(state):
+            raise ValueError(f"extend: {column + tokens.shape[1]} positions do not fit learned positions' max_len={self._window}")
+        if isinstance(state, StaticState) and state.column is not None:
+            logits = self.model(tokens, state.key_mask, cache=state.cache, offset=state.column - state.pads)
+            state.column.add_(tokens.shape[1])
+            return logits
+        return self.model(tokens, self._pad_mask(state), cache=state.cache, offset=self._offset(state, column))
+
+    def _start_static(self, ids: Tensor, mask: Tensor, total: int, max_new_tokens: int) -> tuple[DecodeState, Tensor]:
+        """The prefill into a cache of ``total`` columns; row ``b``'s column ``c`` is position ``c - pads[b]``."""
+        positions = self.model.positions
+        if isinstance(positions, SinusoidalPositions):
+            positions.embed(positions.table.new_zeros(1, 1, positions.d_model), total - 1)  # grow the table now, not in a graph
+        batch, prompt_len = ids.shape
+        pads = (~mask).sum(dim=1)  # (B,)
+        key_mask = None
+        if bool(pads.any()):
+            key_mask = torch.ones(batch, total, dtype=torch.bool, device=ids.device)
+            key_mask[:, :prompt_len] = mask
+        state = StaticState(
+            tokens=ids, mask=mask, max_new_tokens=torch.full((batch,), max_new_tokens, device=ids.device), pads=pads,
+            cache=self.model.new_cache(max_len=total), key_mask=key_mask,
+            column=torch.full((1,), prompt_len, dtype=torch.long, device=ids.device),
+        )
+        return state, self.model(ids, key_mask, cache=state.cache, offset=-pads)[:, -1]
 
     def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
         state.select(index, same_sources=same_sources)
@@ -202,6 +289,20 @@ def as_decoder(model: nn.Module | Decoder, *, use_cache: bool = True, static_cac
         f"cannot generate with a {type(model).__name__}: only EncoderDecoder and DecoderOnly models generate "
         "(for an EncoderOnly model use aiayn.decoding.fill_mask or classify)"
     )
+
+
+def _decode_one(model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor) -> Tensor:
+    """One token per row ``tokens (B, 1)`` at positions ``offset (B,)`` through the model's forward: logits ``(B, V)``."""
+    return model(tokens, key_mask, cache=cache, offset=offset)[:, -1]
+
+
+def _static_blocker(model: DecoderOnly) -> str | None:
+    """The setting that keeps ``model`` from a static KV cache, as ``name=value``; ``None`` when it has one."""
+    config = model.config
+    for name, value in (("mixer", config.mixer), ("attention", config.attention)):
+        if value != {"mixer": "attention", "attention": "softmax"}[name]:
+            return f"{name}={value!r}"
+    return "positions='alibi'" if model.positions.kind == "alibi" else None
 
 
 def _inputs(ids: Tensor, mask: Tensor | None, pad_id: int | None, device: torch.device, name: str) -> tuple[Tensor, Tensor | None]:

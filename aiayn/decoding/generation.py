@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from aiayn.decoding.adapters import as_decoder
 from aiayn.decoding.protocol import Decoder
 from aiayn.decoding.sampling import GenerationConfig, next_token
+from aiayn.decoding.speculative import SpeculativeDecoder
 
 __all__ = ["STOP_EOS", "STOP_LENGTH", "STOP_STRING", "Generation", "GenerationStep", "generate", "generate_steps"]
 
@@ -67,6 +68,7 @@ def generate_steps(
     if config.stop_strings and detokenize is None:
         raise ValueError("config.stop_strings needs detokenize (ids -> text), e.g. detokenize=tokenizer.decode")
     decoder = as_decoder(decoder)
+    choose = decoder.choose if isinstance(decoder, SpeculativeDecoder) else next_token  # speculative: its acceptance rule
     state, logits = decoder.start(ids, mask, max_new_tokens=config.max_new_tokens)
     batch = state.batch_size
     device = logits.device
@@ -75,7 +77,7 @@ def generate_steps(
     texts = _StopStrings(config.stop_strings, detokenize, batch) if config.stop_strings and detokenize else None  # checked above
     limits = set(state.max_new_tokens.tolist())  # the steps where a row reaches its length limit
     for step in range(1, max(limits) + 1):
-        tokens = next_token(logits, state, n_generated, config, generator)
+        tokens = choose(logits, state, n_generated, config, generator)
         emitted = ~finished
         tokens = tokens.masked_fill(finished, config.pad_id)
         n_generated += emitted.long()
@@ -127,22 +129,18 @@ def generate(
 
 
 class _StopStrings:
-    """Each row's generated ids, detokenized after every step to look for a stop string."""
+    """Each row's generated text, as a :class:`~aiayn.decoding.streaming.TextStreamer` that looks for the stop strings."""
 
     def __init__(self, stop_strings: tuple[str, ...], detokenize: Callable[[Sequence[int]], str], batch: int) -> None:
-        self.stop_strings, self.detokenize = stop_strings, detokenize
-        self.ids: list[list[int]] = [[] for _ in range(batch)]
-        self.checked = [0] * batch  # characters already searched (minus an overlap for stops across steps)
-        self.longest = max(len(s) for s in stop_strings)
+        from aiayn.decoding.streaming import TextStreamer  # streaming imports this module
+
+        self.rows = [TextStreamer(detokenize, stop_strings) for _ in range(batch)]
 
     def update(self, tokens: Tensor, rows: Tensor) -> list[int]:
         """Add ``tokens[b]`` for ``rows``; return the rows whose text now contains a stop string."""
         hits = []
         for b in rows.nonzero().flatten().tolist():
-            self.ids[b].append(int(tokens[b]))
-            text = self.detokenize(self.ids[b])
-            start = max(0, self.checked[b] - self.longest + 1)
-            if any(stop in text[start:] for stop in self.stop_strings):
+            self.rows[b].push([int(tokens[b])])
+            if self.rows[b].stopped:
                 hits.append(b)
-            self.checked[b] = len(text)
         return hits

@@ -18,6 +18,9 @@ __all__ = [
     "apply_repetition_penalty",
     "block_repeated_ngrams",
     "suppress_tokens",
+    "add_logit_bias",
+    "apply_presence_frequency_penalties",
+    "min_p_filter",
 ]
 
 NEG_INF = float("-inf")
@@ -89,6 +92,35 @@ def suppress_tokens(logits: Tensor, token_ids: Sequence[int], rows: Tensor | Non
     banned[list(token_ids)] = True
     where = banned[None, :] if rows is None else banned[None, :] & rows[:, None]  # (1|B, V)
     return logits.masked_fill(where, NEG_INF)
+
+
+def add_logit_bias(logits: Tensor, bias: Sequence[tuple[int, float]]) -> Tensor:
+    """OpenAI's ``logit_bias``: add ``bias`` to the logit of each ``(token id, bias)`` pair, in every row
+    (-100 bans a token in practice, +100 all but forces it)."""
+    if not bias:
+        return logits
+    ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=logits.device)
+    values = torch.tensor([b for _, b in bias], dtype=logits.dtype, device=logits.device)
+    return logits.index_add(-1, ids, values.expand(logits.shape[0], -1))
+
+
+def apply_presence_frequency_penalties(logits: Tensor, history: Tensor, n_generated: Tensor, presence: float, frequency: float) -> Tensor:
+    """OpenAI's penalties over the generated tokens only (the last ``n_generated (B,)`` columns of
+    ``history (B, L)``): ``logit[j] -= frequency * count[j] + presence * (count[j] > 0)``."""
+    length = history.shape[1]
+    generated = torch.arange(length, device=history.device)[None, :] >= length - n_generated[:, None]  # (B, L)
+    counts = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)
+    counts.scatter_add_(-1, history, generated.to(logits.dtype))
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+
+
+def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
+    """Min-p sampling (Nguyen et al., 2024): drop the tokens whose probability is below ``min_p`` times
+    the most likely token's; the most likely token is always kept."""
+    if not 0.0 <= min_p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    probs = logits.softmax(dim=-1)
+    return logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), NEG_INF)
 
 
 def _seen(history: Tensor, history_mask: Tensor | None, vocab_size: int) -> Tensor:

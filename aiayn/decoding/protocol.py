@@ -60,6 +60,12 @@ class DecodeState:
         self.tokens = torch.cat([self.tokens, tokens[:, None]], dim=1)
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
 
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` columns of the sequence and the cache (speculative decoding's rollback)."""
+        self.tokens, self.mask = self.tokens[:, :length], self.mask[:, :length]
+        if self.cache is not None:
+            self.cache.crop(length)
+
     def select(self, index: Tensor, *, same_sources: bool = False) -> None:
         """Keep rows ``index`` of every per-row field (the cache included).
 

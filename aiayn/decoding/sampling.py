@@ -12,18 +12,23 @@ import torch
 from torch import Tensor
 
 from aiayn.decoding.processors import (
+    add_logit_bias,
+    apply_presence_frequency_penalties,
     apply_repetition_penalty,
     apply_temperature,
     block_repeated_ngrams,
+    min_p_filter,
     suppress_tokens,
     top_k_filter,
     top_p_filter,
 )
 from aiayn.decoding.protocol import DecodeState
 from aiayn.tokenization.special import EOS_ID, PAD_ID
-from aiayn.validation import is_int, rule
+from aiayn.validation import is_int, is_number, rule
 
-__all__ = ["GenerationConfig", "logits_to_probs", "sample", "next_token"]
+__all__ = ["GenerationConfig", "MAX_TEMPERATURE", "logits_to_probs", "sample", "next_token", "next_token_probs", "processed_logits"]
+
+MAX_TEMPERATURE = 100.0  # above it every distribution is uniform to float precision: surely a typo
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +42,9 @@ class GenerationConfig:
     ``temperature``, ``top_k``, ``top_p``: reshape the distribution before sampling.
     ``repetition_penalty``: > 1 makes tokens already in the sequence less likely (CTRL).
     ``no_repeat_ngram_size``: > 0 forbids repeating any n-gram of the sequence (prompt included).
+    ``presence_penalty``, ``frequency_penalty``: OpenAI's, in [-2, 2], over the generated tokens.
+    ``min_p``: keep the tokens at least ``min_p`` times as likely as the most likely one.
+    ``logit_bias``: ``(token id, bias)`` pairs added to the logits first (OpenAI's field).
     ``stop_strings``: a row stops once its generated text contains one (needs a detokenizer).
     ``eos_id``: a row stops after emitting it (``None``: never). ``pad_id`` fills finished rows.
     """
@@ -49,6 +57,10 @@ class GenerationConfig:
     top_p: float | None = None
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
     stop_strings: tuple[str, ...] = field(default=())
     eos_id: int | None = EOS_ID
     pad_id: int = PAD_ID
@@ -59,13 +71,22 @@ class GenerationConfig:
         rule(is_int(self.min_new_tokens) and self.min_new_tokens >= 0, "min_new_tokens", self.min_new_tokens, "must be an integer >= 0")
         if self.max_new_tokens is not None:
             rule(self.min_new_tokens <= self.max_new_tokens, "min_new_tokens", self.min_new_tokens, f"must be <= max_new_tokens={self.max_new_tokens}")
-        rule(self.temperature > 0, "temperature", self.temperature, "must be > 0 (for temperature 0 set greedy=True)")
+        # The one check of the sampling settings: the CLI, aiayn.load(...).generate and the server all build this config.
+        rule(is_number(self.temperature) and 0 < self.temperature <= MAX_TEMPERATURE, "temperature", self.temperature,
+             f"must be a finite number in (0, {MAX_TEMPERATURE:g}] (for temperature 0 use greedy decoding)")
         if self.top_k is not None:
             rule(is_int(self.top_k) and self.top_k >= 1, "top_k", self.top_k, "must be an integer >= 1 or None")
         if self.top_p is not None:
-            rule(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1] or None")
-        rule(self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0 (1 = no penalty)")
+            rule(is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", self.top_p, "must be a finite number in (0, 1] or None")
+        rule(is_number(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "must be > 0 (1 = no penalty)")
         rule(is_int(self.no_repeat_ngram_size) and self.no_repeat_ngram_size >= 0, "no_repeat_ngram_size", self.no_repeat_ngram_size, "must be an integer >= 0 (0 = off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            rule(is_number(value) and -2.0 <= value <= 2.0, name, value, "must be a finite number in [-2, 2] (0 = off)")
+        if self.min_p is not None:
+            rule(is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "must be in [0, 1] or None")
+        rule(isinstance(self.logit_bias, tuple) and all(is_int(t) and t >= 0 and is_number(b) for t, b in self.logit_bias),
+             "logit_bias", self.logit_bias, "must be a tuple of (token id >= 0, finite bias) pairs")
         rule(isinstance(self.stop_strings, tuple) and all(isinstance(s, str) and s for s in self.stop_strings),
               "stop_strings", self.stop_strings, "must be a tuple of non-empty strings")
         if self.eos_id is not None:
@@ -73,14 +94,23 @@ class GenerationConfig:
         rule(is_int(self.pad_id) and self.pad_id >= 0, "pad_id", self.pad_id, "must be an integer >= 0")
 
 
-def logits_to_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> Tensor:
-    """``logits (B, V)`` -> probabilities ``(B, V)`` after temperature, top-k and top-p (in that order)."""
-    logits = apply_temperature(logits.float(), temperature)
+def logits_to_probs(
+    logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, min_p: float | None = None
+) -> Tensor:
+    """``logits (B, V)`` -> probabilities ``(B, V)`` after temperature, top-k, top-p and min-p (in that order)."""
+    # float64, shifted so that the most likely logit is 0: a tiny temperature sends the others to -inf
+    # (not the largest to inf, and inf - inf = NaN), and top_p's comparison of a cumulative sum with p
+    # is exact, so the filters always keep the most likely token.
+    logits = logits.double()
+    peak = logits.amax(dim=-1, keepdim=True)
+    logits = apply_temperature(logits - torch.where(peak.isfinite(), peak, 0.0), temperature)
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
-    return logits.softmax(dim=-1)
+    if min_p is not None:
+        logits = min_p_filter(logits, min_p)
+    return logits.softmax(dim=-1).float()  # float32: only the filters needed float64
 
 
 def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -91,7 +121,8 @@ def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     sample never depends on the other rows (a finished row does not shift its neighbours' draws).
     """
     race = torch.empty_like(probs, dtype=torch.float32).exponential_(1.0, generator=generator)
-    return (probs.float() / race).argmax(dim=-1)  # (B,)
+    race = race.clamp_min(torch.finfo(torch.float32).tiny)  # a draw of 0 would make 0 / 0 = NaN of a removed token
+    return (probs / race).argmax(dim=-1)  # (B,)
 
 
 def next_token(
@@ -102,14 +133,28 @@ def next_token(
     ``state.tokens``/``state.mask`` are the history for the penalties; ``n_generated (B,)`` counts
     each row's tokens so far (for ``min_new_tokens``).
     """
-    logits = logits.float()
+    logits = processed_logits(logits, state, n_generated, config)
+    if config.greedy:
+        return logits.argmax(dim=-1)
+    return sample(logits_to_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p), generator)
+
+
+def next_token_probs(logits: Tensor, state: DecodeState, n_generated: Tensor, config: GenerationConfig) -> Tensor:
+    """The distribution ``(B, V)`` that :func:`next_token` samples from (speculative decoding's target ``p``)."""
+    logits = processed_logits(logits, state, n_generated, config)
+    return logits_to_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p)
+
+
+def processed_logits(logits: Tensor, state: DecodeState, n_generated: Tensor, config: GenerationConfig) -> Tensor:
+    """``logits (B, V)`` after the logit bias, the penalties, the n-gram block and ``min_new_tokens``."""
+    logits = add_logit_bias(logits.float(), config.logit_bias)
+    if config.presence_penalty or config.frequency_penalty:
+        logits = apply_presence_frequency_penalties(logits, state.tokens, n_generated, config.presence_penalty, config.frequency_penalty)
     if config.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, state.tokens, state.mask, config.repetition_penalty)
     if config.no_repeat_ngram_size:
         logits = block_repeated_ngrams(logits, state.tokens, state.mask, config.no_repeat_ngram_size)
     if config.min_new_tokens and config.eos_id is not None:
         logits = suppress_tokens(logits, [config.eos_id], rows=n_generated < config.min_new_tokens)
-    if config.greedy:
-        return logits.argmax(dim=-1)
-    return sample(logits_to_probs(logits, config.temperature, config.top_k, config.top_p), generator)
+    return logits
 

@@ -21,7 +21,7 @@ from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.base import Tokenizer
-from aiayn.tokenization.special import sentence_ids, special_ids
+from aiayn.tokenization.special import encode_sources, sentence_ids, special_ids
 
 __all__ = [
     "FilledMask", "seq2seq_decoder", "beam_config", "generation_config", "source_ids", "prompt_ids",
@@ -39,7 +39,8 @@ class FilledMask:
 
 
 def seq2seq_decoder(model: EncoderDecoder, tgt_tokenizer: Tokenizer) -> Seq2SeqDecoder:
-    """A decoder that starts every row from the target tokenizer's BOS (Marian: its decoder start, the pad)."""
+    """A decoder that starts every row from the target tokenizer's BOS (an import's ``decoder_start_token_id``:
+    Marian's pad, BART's ``</s>``)."""
     return Seq2SeqDecoder(model, bos_id=special_ids(tgt_tokenizer).need("bos", "translation (the first decoder input)"))
 
 
@@ -65,8 +66,8 @@ def generation_config(tokenizer: Tokenizer, **fields: object) -> GenerationConfi
 
 
 def source_ids(tokenizer: Tokenizer, text: str) -> list[int]:
-    """A translation source: the text's ids then EOS (fairseq and Marian both train so), when the tokenizer has one."""
-    return tokenizer.encode(text, add_eos=special_ids(tokenizer).eos is not None)
+    """A translation source, as training encodes it (:func:`~aiayn.tokenization.special.encode_sources`)."""
+    return encode_sources(tokenizer, [text])[0]
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:

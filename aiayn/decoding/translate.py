@@ -36,7 +36,7 @@ def translate_sentences(
 ) -> list[list[Hypothesis]]:
     """The ``beam.n_best`` hypotheses of each source, in input order (one model, or an ensemble of several).
 
-    Sources are encoded with EOS (as in training, when the tokenizer has one) and decoded in batches of
+    Sources are encoded as in training (text + EOS, or an import's template) and decoded in batches of
     similar length, which wastes less work on padding. An empty (or all-blank) source is not decoded:
     its list is empty. ``tgt_tokenizer`` (default: ``src_tokenizer``, a shared vocabulary) gives the
     decoder's BOS and the beam's EOS and pad. ``progress``: a tqdm bar (stderr) counting sentences.

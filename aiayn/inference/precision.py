@@ -5,8 +5,9 @@ per token, so a cast per call costs as much as the matmul it feeds. Casting the 
 halves the bytes read per token instead. On the CPU a half-precision ``F.linear`` of one row
 re-lays its weight out at every call (oneDNN), which costs more than the fp32 matmul; so
 :func:`pack_linears` keeps each weight also in oneDNN's blocked layout, packed once (the layout
-``torch.compile``'s freezing uses). fp32 weights are packed too: for a few rows oneDNN's kernel is
-up to 2-3x faster than MKL's sgemm on some CPUs (see :class:`PackedLinear`). Softmax (:mod:`aiayn.nn.attention`), LayerNorm/RMSNorm
+``torch.compile``'s freezing uses). fp32 weights may be packed too: for a few rows oneDNN's kernel is
+up to 2-3x faster than MKL's sgemm on some CPUs and slower on others, so each shape takes the kernel timed
+faster on this machine (:mod:`aiayn.inference.kernel_choice`). Softmax (:mod:`aiayn.nn.attention`), LayerNorm/RMSNorm
 (torch's kernels) and the logits consumers (sampling, beam search, perplexity) accumulate in fp32.
 """
 
@@ -18,21 +19,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["DTYPES", "PackedLinear", "cast_model", "native_bf16", "pack_linears", "parse_dtype"]
+__all__ = ["DTYPES", "DTYPE_ALIASES", "DTYPE_CHOICES", "PackedLinear", "cast_model", "dtype_name", "native_bf16",
+           "pack_linears", "parse_dtype"]
 
+# The one precision vocabulary: torch's names, and the short ones (training's habit) as aliases.
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPE_CHOICES: tuple[str, ...] = (*DTYPES, *DTYPE_ALIASES)  # what every --dtype flag and config accepts
 
 
-def parse_dtype(value: str | torch.dtype | None, *, name: str = "dtype") -> torch.dtype | None:
-    """``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; ``None`` stays ``None`` (keep the file's).
+def dtype_name(value: str | torch.dtype, *, name: str = "dtype") -> str:
+    """The one spelling of a precision: ``"bf16"``, ``"bfloat16"`` or ``torch.bfloat16`` -> ``"bfloat16"``.
 
     Raises ``ValueError`` naming ``name``, the value and the accepted choices.
     """
-    if value is None or (isinstance(value, torch.dtype) and value in DTYPES.values()):
-        return value
-    if isinstance(value, str) and value in DTYPES:
-        return DTYPES[value]
-    raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
+    if isinstance(value, torch.dtype):
+        key = next((k for k, dtype in DTYPES.items() if dtype == value), None)
+    else:
+        key = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else None
+    if key is not None and key in DTYPES:
+        return key
+    raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r} ({', '.join(DTYPE_ALIASES)} are their aliases)")
+
+
+def parse_dtype(value: str | torch.dtype | None, *, name: str = "dtype") -> torch.dtype | None:
+    """``"bfloat16"`` / ``"bf16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; ``None`` stays ``None`` (keep the
+    file's). Raises ``ValueError`` as :func:`dtype_name`."""
+    return None if value is None else DTYPES[dtype_name(value, name=name)]
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -50,12 +63,14 @@ def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast every floating parameter and buffer to ``dtype`` in place, once; returns ``model``.
 
     Integer tensors (token tables, int8 weights) stay as they are, and so do the fp32 scales of
-    :class:`~aiayn.inference.quantization.Int8Linear` (they are small and keep the int8 grid exact).
+    :class:`~aiayn.inference.quantization.Int8Linear` and :class:`~aiayn.inference.int4.Int4Linear` (they are small
+    and keep the grid exact).
     """
+    from aiayn.inference.int4 import Int4Linear
     from aiayn.inference.quantization import Int8Linear
 
     for module in model.modules():
-        if isinstance(module, Int8Linear):
+        if isinstance(module, (Int8Linear, Int4Linear)):
             if module.bias is not None:
                 module.bias.data = module.bias.data.to(dtype)
             continue
@@ -114,8 +129,11 @@ class PackedLinear(nn.Linear):
     memory speed; ``docs/benchmarks.md`` has the measurement. The cost is a second copy of each weight.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, *, rows: str = "all") -> None:
         nn.Module.__init__(self)
+        if rows not in ("all", "one", "many"):
+            raise ValueError(f"PackedLinear: rows must be 'all', 'one' or 'many', got {rows!r}")
+        self.rows = rows  # the calls that take the packed kernel: any, one-row calls only, or several-row calls only
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameter: a tied weight stays tied
         self.bias = linear.bias
@@ -152,21 +170,39 @@ class PackedLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.device.type != "cpu" or self.weight.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)  # training, or moved: the plain path
+        if self.rows != "all" and (x.numel() == x.shape[-1]) != (self.rows == "one"):
+            return F.linear(x, self.weight, self.bias)  # the regime where F.linear was timed faster
         if torch.compiler.is_compiling():
             return packed_linear(x, self.weight, self.bias, id(self))
         return self.packed_forward(x)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed"
+        rows = "" if self.rows == "all" else f" for {self.rows}-row calls"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed{rows}"
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every CPU ``nn.Linear`` by a :class:`PackedLinear`, in place, where torch's oneDNN supports its
-    dtype here; returns how many were replaced."""
-    targets = [(n, m) for n, m in model.named_modules()
-               if isinstance(m, nn.Linear) and not isinstance(m, PackedLinear) and can_pack(m.weight)]
+def pack_linears(model: nn.Module, rows: int | None = None) -> int:
+    """Replace CPU ``nn.Linear`` layers by :class:`PackedLinear`, in place, where torch's oneDNN supports their
+    dtype here and its kernel is the faster one for their shape on this machine (timed once per shape and cached:
+    :func:`~aiayn.inference.kernel_choice.choose_kernel`); returns how many were replaced.
+
+    ``rows``: the rows of a several-row call, timed beside one row; by default 8 for models that decode (a
+    batch, a prompt) and 64 for encoder-only models (a batch of sentences at once)."""
+    from aiayn.inference.kernel_choice import choose_kernel, log_choices
+
+    if rows is None:
+        rows = 64 if getattr(getattr(model, "config", None), "family", None) == "encoder-only" else 8
+    candidates = [(n, m) for n, m in model.named_modules()
+                  if isinstance(m, nn.Linear) and not isinstance(m, PackedLinear) and can_pack(m.weight)]
+    timed: list[str] = []
+    kernels = {n: choose_kernel(m.weight, rows, timed=timed) for n, m in candidates}
+    log_choices(timed)
+    targets = [(n, m) for n, m in candidates if kernels[n] != "plain"]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(linear))
+        setattr(parent, child, PackedLinear(linear, rows=_PACKED_ROWS[kernels[name]]))
     return len(targets)
+
+
+_PACKED_ROWS = {"packed": "all", "packed-one-row": "one", "packed-many-rows": "many"}

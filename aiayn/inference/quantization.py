@@ -18,11 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "parse_quantize", "quantize_int8"]
+__all__ = ["QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "parse_quantize", "quantize", "quantize_int8", "quantization_record"]
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS: tuple[str, ...] = ("none", "int8")
+# int4 groups 32 inputs a scale; int4-g64 and int4-g128 store fewer scales (aiayn.inference.int4)
+QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int4", "int4-g64", "int4-g128")
 _KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give wrong results or crash)
 
 
@@ -50,12 +51,39 @@ weight_int8_mm = torch.ops.aiayn.weight_int8_mm
 
 
 def parse_quantize(value: str | None, *, name: str = "quantize") -> str | None:
-    """``"int8"`` -> ``"int8"``; ``None`` or ``"none"`` -> ``None``. Raises ``ValueError`` naming the choices."""
+    """``"int8"`` / ``"int4"`` / ``"int4-g64"`` / ``"int4-g128"`` as given; ``None`` or ``"none"`` -> ``None``.
+    Raises ``ValueError`` naming the choices."""
     if value is None or value == "none":
         return None
-    if value == "int8":
+    if value in QUANTIZATIONS:
         return value
     raise ValueError(f"{name} must be one of {', '.join(QUANTIZATIONS)}, got {value!r}")
+
+
+def _int4_group(method: str) -> int:
+    return int(method.removeprefix("int4").removeprefix("-g") or 32)
+
+
+def quantize(model: nn.Module, method: str) -> nn.Module:
+    """Quantise ``model``'s Linear layers in place by ``method`` (one of :data:`QUANTIZATIONS` but ``none``)."""
+    if method == "int8":
+        return quantize_int8(model)
+    from aiayn.inference.int4 import quantize_int4
+
+    return quantize_int4(model, _int4_group(parse_quantize(method) or "int4"))
+
+
+def quantization_record(model: nn.Module) -> dict | None:
+    """What a saved model directory records of its quantisation (``quantization.json``), or ``None`` for none."""
+    from aiayn.inference.int4 import Int4Linear
+
+    int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    if int4:
+        return {"method": "int4" if int4[0].group_size == 32 else f"int4-g{int4[0].group_size}",
+                "scheme": f"weight-only, asymmetric, an fp32 scale and zero point per group of {int4[0].group_size} inputs"}
+    if any(isinstance(m, Int8Linear) for m in model.modules()):
+        return {"method": "int8", "scheme": "weight-only, symmetric, one fp32 scale per output channel"}
+    return None
 
 
 def check_int8_kernel(device: torch.device | str = "cpu") -> None:
@@ -153,8 +181,13 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     slow = sorted({m.in_features for _, m in targets if m.in_features % _KERNEL_K_MULTIPLE})
     if slow:
         log.warning("int8: in_features %s are not multiples of %d: those layers dequantise per call (slow)", slow, _KERNEL_K_MULTIPLE)
+    return replace_linears(model, targets, Int8Linear.from_linear)
+
+
+def replace_linears(model: nn.Module, targets: list[tuple[str, nn.Linear]], make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Put ``make(linear)`` in place of each named Linear layer of ``model``, in place; returns ``model``."""
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int8Linear.from_linear(linear))
+        setattr(parent, child, make(linear))
     return model

@@ -8,7 +8,9 @@ Marian's table (transformers builds both from the same code) without Marian's re
 Not exact, and why: BART's position tables have two extra first rows (its positions start at 2);
 they are never read, so they are dropped on import and written as zeros on export. Encoder and
 decoder must share head count and FFN size (one ``n_heads``/``d_ff`` here). BART decodes from
-``decoder_start_token_id`` (its EOS, 2): pass ``tgt`` starting with it.
+``decoder_start_token_id`` (its EOS, 2): pass ``tgt`` starting with it. The tokenizer of a BART
+directory carries it as its BOS, so every decoding path starts there, and encodes a source as
+transformers does (``<s> x </s>``; :mod:`aiayn.tokenization.pretrained`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from aiayn.interop.bart_family import (
 from aiayn.interop.common import Architecture, require_ours, warn_training_only
 from aiayn.interop.keymap import Rule
 from aiayn.models.config import EncoderDecoderConfig, TransformerConfig
+from aiayn.tokenization.special import BOS_ID, EOS_ID
 
 __all__ = ["BART"]
 
@@ -61,7 +64,11 @@ def bart_fits(config: TransformerConfig) -> str | None:
 
 def bart_config_to_hf(config: TransformerConfig) -> dict[str, Any]:
     assert isinstance(config, EncoderDecoderConfig)
-    return {"architectures": [NAME], "model_type": "bart", **config_fields_to_hf(config, NAME)}
+    # ours decode from our BOS (BartConfig's defaults, decoder start 2 and a forced EOS, are BART's own ids)
+    return {
+        "architectures": [NAME], "model_type": "bart", **config_fields_to_hf(config, NAME),
+        "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": BOS_ID, "forced_eos_token_id": None,
+    }
 
 
 BART = Architecture(

@@ -16,6 +16,7 @@ from aiayn.checkpoint.atomic_io import replace_directory
 from aiayn.interop.hf import Exported, Imported, load_hf, save_hf
 from aiayn.interop.hf_dir import CONFIG_FILE
 from aiayn.pretrained import check_replaceable, load_pretrained, save_pretrained
+from aiayn.untrusted import read_json_file
 
 __all__ = ["convert_from_hf", "convert_to_hf", "SOURCE_FILE"]
 
@@ -36,12 +37,13 @@ def convert_from_hf(
     """
     _refuse_wrong_side(Path(hf_dir), expect="hf")
     imported = load_hf(hf_dir, architecture=architecture)
-    target = save_pretrained(out_dir, imported.model, imported.tokenizer, imported.tgt_tokenizer, overwrite=overwrite)
     source = {
         "architecture": imported.architecture, "config": imported.hf_config, "dropped": imported.dropped,
         "tokenizer_note": imported.tokenizer_note, "from": str(Path(hf_dir).resolve()),
     }
-    (target / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    record = (json.dumps(source, indent=2, sort_keys=True, default=str) + "\n").encode()
+    save_pretrained(out_dir, imported.model, imported.tokenizer, imported.tgt_tokenizer, overwrite=overwrite,
+                    extra_files={SOURCE_FILE: record})  # inside the atomic write, listed in its manifest
     return imported
 
 
@@ -58,7 +60,7 @@ def convert_to_hf(
     target = Path(hf_dir)
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
-    check_replaceable(target)  # only a previous export, never someone's notes
+    previous = check_replaceable(target)  # only a previous export's files, never someone's notes
     loaded = load_pretrained(our_dir, pack=False)  # exported, never run
     extras = _read_source(loaded.path)
     tokenizer, note = loaded.src_tokenizer, None
@@ -66,7 +68,7 @@ def convert_to_hf(
         note = "the aiayn directory holds no tokenizer"
     elif loaded.tgt_tokenizer is not tokenizer:
         tokenizer, note = None, "source and target tokenizers differ; a Hugging Face directory holds one tokenizer.json"
-    with replace_directory(target) as tmp:
+    with replace_directory(target, previous=previous) as tmp:
         exported = save_hf(tmp, loaded.model, tokenizer=tokenizer, architecture=architecture, hf_extras=extras)
         if tokenizer is not None and not (tmp / "tokenizer.json").is_file():
             note = f"a {type(tokenizer).__name__} has no tokenizer.json form"
@@ -75,9 +77,10 @@ def convert_to_hf(
 
 def _read_source(directory: Path) -> dict[str, Any] | None:
     file = directory / SOURCE_FILE
-    if not file.is_file():
+    if not file.exists():
         return None
-    return json.loads(file.read_text(encoding="utf-8")).get("config")
+    config = read_json_file(file, what="Hugging Face source record", expect=dict).get("config")
+    return config if isinstance(config, dict) else None
 
 
 def _refuse_wrong_side(directory: Path, *, expect: str) -> None:
@@ -86,9 +89,9 @@ def _refuse_wrong_side(directory: Path, *, expect: str) -> None:
     if not file.is_file():
         return
     try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return
+        config = read_json_file(file, what="model config", expect=dict)
+    except ValueError:
+        return  # the reader of that side names what is wrong with it
     if expect == "hf" and "family" in config and "architectures" not in config:
         raise ValueError(f"{directory} is an aiayn model directory, not a Hugging Face one: export it with --to-hf DIR --from {directory}")
     if expect == "aiayn" and "architectures" in config and "family" not in config:

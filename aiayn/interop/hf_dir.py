@@ -22,6 +22,7 @@ from aiayn.checkpoint.safetensors_header import read_header
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.bpe import BPETokenizer
 from aiayn.tokenization.special import BOS, CLS, EOS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK
+from aiayn.untrusted import read_json_file
 
 __all__ = ["read_hf_dir", "write_hf_dir", "read_hf_tokenizer", "write_hf_tokenizer", "missing_dir_message"]
 
@@ -53,7 +54,7 @@ def read_hf_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     if not path.is_dir():
         raise FileNotFoundError(missing_dir_message(path))
     config_file = path / CONFIG_FILE
-    if not config_file.is_file():
+    if not config_file.exists():  # a FIFO or a directory of that name is refused by the reader, naming it
         raise FileNotFoundError(f"{path} has no {CONFIG_FILE}; found: {_listing(path)}. {missing_dir_message(path)}")
     config = _read_json_object(config_file)
     if (path / WEIGHTS_FILE).is_file():
@@ -70,7 +71,7 @@ def read_hf_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
         raise FileNotFoundError(f"{path} has no {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE}{hint}; found: {_listing(path)}")
     tensors: dict[str, Tensor] = {}
     for file in files:
-        read_header(file)  # bounded and checked first: names the file and the bad tensor
+        read_header(file)  # a plain file (no symlink), bounded and checked first: names the file and the bad tensor
         try:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():
@@ -83,13 +84,9 @@ def read_hf_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
 
 
 def _read_json_object(file: Path) -> dict[str, Any]:
-    """A JSON object from ``file``; ``ValueError`` naming the file otherwise."""
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{file}: invalid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    """A JSON object from ``file`` through the bounded reader (size, depth, a regular file); ``ValueError``
+    naming the file otherwise."""
+    data: dict[str, Any] = read_json_file(file, what=file.name, expect=dict)
     return data
 
 

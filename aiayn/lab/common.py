@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -21,9 +21,16 @@ from aiayn.tokenization.special import PAD_ID
 from aiayn.training.objectives import seq2seq_loss, target_count
 from aiayn.training.step import TrainStep
 
-__all__ = ["LabResult", "TrainLog", "train", "token_accuracy", "held_out_nll", "Batch"]
+__all__ = ["LabResult", "TrainLog", "train", "token_accuracy", "held_out_nll", "Batch", "VERDICTS", "verdict_of"]
 
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
+VERDICTS = ("confirmed", "partly confirmed", "not confirmed")
+
+
+def verdict_of(checks: Iterable[bool]) -> str:
+    """``confirmed`` when every check holds, ``not confirmed`` when none does, else ``partly confirmed``."""
+    held = [bool(check) for check in checks]
+    return VERDICTS[0] if all(held) else VERDICTS[1] if any(held) else VERDICTS[2]
 
 
 @dataclass
@@ -32,7 +39,7 @@ class LabResult:
 
     name: str
     claim: str
-    verdict: str  # "confirmed", "partly confirmed" or "not confirmed"
+    verdict: str  # one of VERDICTS
     summary: str  # the measured numbers in a few sentences
     numbers: dict[str, Any]
     plot: Path | None = None

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from aiayn.lab.common import LabResult
+from aiayn.lab.common import LabResult, verdict_of
 from aiayn.nn.multihead import MultiHeadAttention
 
 CLAIM = "multi-head attention (h heads of size d/h) costs about the same as one head of full width d: FLOPs and measured time"
@@ -71,7 +71,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data
     time_ratios = {f"{b}@{n}": get(n, 8, b, "seconds") / get(n, 1, b, "seconds") for n in lengths for b in ("math", "sdpa")}
     flops_equal = all(abs(r - 1) < 1e-9 for r in flop_ratios.values())
     times_close = all(0.5 <= r <= 2.0 for r in time_ratios.values())
-    verdict = "confirmed" if flops_equal and times_close else ("partly confirmed" if flops_equal or times_close else "not confirmed")
+    verdict = verdict_of((flops_equal, times_close))
     n_max = lengths[-1]
     summary = (
         f"d_model={d_model}, batch {batch}: FLOPs of 8 heads / 1 head = "

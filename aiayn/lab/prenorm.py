@@ -53,6 +53,16 @@ def _init_grad_norms(model: EncoderDecoder, batch: tuple) -> list[float]:
     return norms
 
 
+def warmup_verdict(pre: float, post: float) -> str:
+    """The verdict from the held-out accuracies without warmup: Pre-LN trains (:data:`TRAINS`) and Post-LN
+    does not confirms; neither trains but Pre-LN is more than 10 points ahead is a partial confirmation."""
+    if pre >= TRAINS > post:
+        return "confirmed"
+    if post < TRAINS and pre < TRAINS and pre > post + 0.1:
+        return "partly confirmed"  # Pre-LN clearly ahead, but neither reached the bar
+    return "not confirmed"  # both train, or Pre-LN fails too
+
+
 def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data_dir: Path | None = None) -> LabResult:
     from aiayn.viz.style import SERIES_COLORS, new_figure, save_figure, style_axes, style_context
 
@@ -85,12 +95,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data
 
     post, post_w, pre = (results[k] for k in runs)
     pre_trains, post_trains, post_w_trains = pre["accuracy"] >= TRAINS, post["accuracy"] >= TRAINS, post_w["accuracy"] >= TRAINS
-    if pre_trains and not post_trains:
-        verdict = "confirmed"
-    elif not pre_trains and not post_trains and pre["accuracy"] > post["accuracy"] + 0.1:
-        verdict = "partly confirmed"  # Pre-LN clearly ahead, but neither reached the bar
-    else:
-        verdict = "not confirmed"  # both train, or Pre-LN fails too
+    verdict = warmup_verdict(pre["accuracy"], post["accuracy"])
     summary = (
         f"held-out token accuracy after {steps} steps at lr {lr:g} (trained = at least {TRAINS:.0%}; chance about 8%): "
         + "; ".join(f"{k} {v['accuracy']:.1%} (final loss {v['final_loss']:.3f}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.lab.common import LabResult
+from aiayn.lab.common import LabResult, verdict_of
 
 CLAIM = (
     "dividing the scores by sqrt(d_k) keeps their variance near 1 and the softmax unsaturated; without it, "
@@ -67,8 +67,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data
         "scaled softmax not saturated at d_k=512 (mean max prob < 0.5)": s512["max_prob"] < 0.5,
         "unscaled gradient norm of the median query < 10% of scaled at d_k=512": median_ratio < 0.1,
     }
-    passed = sum(checks.values())
-    verdict = "confirmed" if passed == len(checks) else ("not confirmed" if passed == 0 else "partly confirmed")
+    verdict = verdict_of(checks.values())
     summary = (
         f"at d_k=512 over {keys} keys: score variance {s512['score_var']:.2f} scaled vs {u512['score_var']:.0f} unscaled; "
         f"max softmax probability {s512['max_prob']:.3f} vs {u512['max_prob']:.3f}; entropy {s512['entropy']:.2f} vs "

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from aiayn.lab.common import LabResult, held_out_nll, tail_mean, token_accuracy, train
+from aiayn.lab.common import LabResult, held_out_nll, tail_mean, token_accuracy, train, verdict_of
 from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.tokenization.base import N_SPECIAL
@@ -144,7 +144,7 @@ def run(*, quick: bool = False, out_dir: Path = Path("lab"), seed: int = 0, data
     hurts_ppl = smooth["perplexity"] > base["perplexity"]
     helps_bleu = smooth["bleu"] > base["bleu"]
     helps_acc = smooth["accuracy"] > base["accuracy"]
-    verdict = "confirmed" if hurts_ppl and helps_bleu else ("partly confirmed" if hurts_ppl or helps_bleu else "not confirmed")
+    verdict = verdict_of((hurts_ppl, helps_bleu))
     summary = (
         f"held-out ({n_test} sentences) after {steps} steps: perplexity {base['perplexity']:.3f} without vs {smooth['perplexity']:.3f} "
         f"with smoothing (floor of the task {floor:.3f}); token accuracy {base['accuracy']:.1%} vs {smooth['accuracy']:.1%}; "

@@ -8,7 +8,6 @@ stored in every checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -20,7 +19,7 @@ from aiayn.nn.kernels import ATTENTION_KINDS
 from aiayn.nn.norm import NORMS
 from aiayn.nn.positional import POSITION_KINDS
 from aiayn.tokenization.special import PAD_ID
-from aiayn.validation import check_choice, check_positive, rule
+from aiayn.validation import check_choice, check_known_keys, check_positive, rule
 
 __all__ = [
     "TransformerConfig",
@@ -248,12 +247,7 @@ def config_from_json(text: str) -> TransformerConfig:
 
 
 def _check_keys(cls: type, data: dict[str, Any]) -> None:
-    valid = [f.name for f in dataclasses.fields(cls)]
-    for key in data:
-        if key not in valid:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown {cls.__name__} field {key!r}{hint}; valid fields: {', '.join(valid)}")
+    check_known_keys(data, [f.name for f in dataclasses.fields(cls)], owner=cls.__name__)
 
 
 def _check_pad_id(config: Any) -> None:

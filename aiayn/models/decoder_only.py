@@ -45,8 +45,9 @@ class DecoderOnly(nn.Module):
     ) -> Tensor:
         """``ids (B, T)`` -> logits ``(B, T, V)``.
 
-        ``pad_mask``: bool, ``True`` = real token; ``(B, T)``, or with a ``cache`` ``(B, cache.length + T)``
-        over all positions so far. Without a cache it is derived from ``config.pad_id`` when omitted.
+        ``pad_mask``: bool, ``True`` = real token; ``(B, T)``, or with a ``cache`` ``(B, cache.mask_width(T))``:
+        all positions so far (a static cache: all its columns). Without a cache it is derived from
+        ``config.pad_id`` when omitted.
         ``offset``: position of the first token, an int or ``(B,)`` per row (default: the cache length).
         """
         logits, _ = self._run(ids, pad_mask, cache, offset, return_weights=False)
@@ -54,7 +55,7 @@ class DecoderOnly(nn.Module):
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty KV cache for incremental decoding (``max_len``: preallocate a static one)."""
-        return KVCache(self.config.n_layers, max_len=max_len, self_caches=self.decoder.new_caches(max_len))
+        return KVCache(self.config.n_layers, self_caches=self.decoder.new_caches(max_len))
 
     def attention_maps(self, ids: Tensor, pad_mask: Tensor | None = None) -> dict[str, list[Tensor]]:
         """Masked self-attention weights of every layer, ``(B, H, T, T)`` each, keyed ``decoder_self``."""
@@ -69,7 +70,7 @@ class DecoderOnly(nn.Module):
         else:
             check_token_ids(ids, self.config.vocab_size, "ids")
             if pad_mask is not None:
-                check_padding_mask(pad_mask, "pad_mask", shape=(ids.shape[0], cache.length + ids.shape[1]))
+                check_padding_mask(pad_mask, "pad_mask", shape=(ids.shape[0], cache.mask_width(ids.shape[1])))
         if offset is None:
             offset = cache.length if cache is not None else 0
         x = self.dropout(self.positions.embed(self.embed(ids), offset))  # (B, T, D)

@@ -78,14 +78,14 @@ class EncoderDecoder(nn.Module):
         """``tgt (B, T)`` ids over ``memory (B, S, D)`` -> logits ``(B, T, V)``.
 
         With a ``cache`` (see :meth:`new_cache`), ``tgt`` holds only the new positions and
-        ``tgt_mask``, if given, covers all target positions so far ``(B, cache.length + T)``.
+        ``tgt_mask``, if given, covers all target positions so far ``(B, cache.mask_width(T))``.
         """
         logits, _ = self._decode(tgt, memory, src_mask, tgt_mask, cache, return_weights=False)
         return logits
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty KV cache for incremental decoding (``max_len``: preallocate a static one)."""
-        return KVCache(self.config.n_decoder_layers, cross_attention=True, max_len=max_len, self_caches=self.decoder.new_caches(max_len))
+        return KVCache(self.config.n_decoder_layers, cross_attention=True, self_caches=self.decoder.new_caches(max_len))
 
     def attention_maps(
         self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
@@ -123,7 +123,7 @@ class EncoderDecoder(nn.Module):
         else:
             check_token_ids(tgt, self.config.target_vocab_size, "tgt")
             if tgt_mask is not None:
-                check_padding_mask(tgt_mask, "tgt_mask", shape=(tgt.shape[0], offset + tgt.shape[1]))
+                check_padding_mask(tgt_mask, "tgt_mask", shape=(tgt.shape[0], cache.mask_width(tgt.shape[1])))
         if src_mask is not None:
             check_padding_mask(src_mask, "src_mask", shape=tuple(memory.shape[:2]))
         x = self.tgt_positions.embed(self.tgt_embed(tgt), offset)  # (B, T, D)

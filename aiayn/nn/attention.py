@@ -27,7 +27,18 @@ from aiayn.nn.masks import causal_mask, check_attention_mask
 BACKENDS: tuple[str, ...] = ("math", "sdpa", "auto")
 AUTO_MATH_MAX_KEYS = 128
 
-__all__ = ["scaled_dot_product_attention", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS"]
+__all__ = ["scaled_dot_product_attention", "repeat_kv", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS"]
+
+
+def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """Grouped-query attention: ``k, v (B, Hkv, S, D)`` -> ``(B, heads, S, D)``, each key/value head
+    serving ``heads / Hkv`` query heads. Raises ``ValueError`` unless ``Hkv`` divides ``heads``."""
+    kv_heads = k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"query heads {heads} must be a multiple of key/value heads {kv_heads}")
+    if heads == kv_heads:
+        return k, v
+    return k.repeat_interleave(heads // kv_heads, dim=1), v.repeat_interleave(heads // kv_heads, dim=1)
 
 
 def resolve_backend(backend: str, q: Tensor, k_len: int) -> str:
@@ -80,9 +91,7 @@ def scaled_dot_product_attention(
     if q.numel() == 0 or k_len == 0:  # nothing to attend from, or to: a defined all-zero result
         out = q.new_zeros(batch, heads, q_len, v.shape[-1])
         return out, (q.new_zeros(batch, heads, q_len, k_len) if return_weights else None)
-    if heads != kv_heads:  # grouped-query: each key/value head serves H / Hkv query heads
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    k, v = repeat_kv(k, v, heads)
 
     # Fold the causal constraint into the mask only when a mask is needed anyway; the plain causal
     # case with T == S goes to the fused kernel through is_causal.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from aiayn.nn.cache import KVCache
+from aiayn.nn.cache import CacheLayer, KVCache
 from aiayn.nn.feedforward import PositionwiseFeedForward
 from aiayn.nn.multihead import MultiHeadAttention
 from aiayn.nn.norm import build_norm
@@ -135,7 +135,7 @@ class TransformerLayer(nn.Module):
         x = self._after(x, self.ffn(self._before(x, self.ffn_norm)), self.ffn_norm)
         return x, weights
 
-    def new_cache(self, max_len: int | None = None) -> object:
+    def new_cache(self, max_len: int | None = None) -> CacheLayer:
         """An empty generation cache for this layer's sequence mixer (KV cache, ring buffer or state)."""
         return self.ssm.new_cache() if self.self_attn is None else self.self_attn.new_cache(max_len)
 
@@ -167,7 +167,7 @@ class TransformerStack(nn.Module):
         )
         self.norm = build_norm(spec.norm, spec.d_model, eps=spec.norm_eps, bias=spec.bias) if final_norm else None
 
-    def new_caches(self, max_len: int | None = None) -> list:
+    def new_caches(self, max_len: int | None = None) -> list[CacheLayer]:
         """One empty self-attention (or mixer) cache per layer, of the kind each layer keeps."""
         return [layer.new_cache(max_len) for layer in self.layers]  # type: ignore[operator]  # ModuleList items are TransformerLayers
 

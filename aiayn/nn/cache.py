@@ -1,23 +1,43 @@
-"""Key/value caches for incremental decoding: each step attends to what earlier steps computed."""
+"""Generation caches: what each kind of layer remembers between decoding steps, behind one protocol.
+
+As in Hugging Face's ``cache_utils``, every cache is a :class:`CacheLayer`, one class per need:
+:class:`LayerCache` (keys and values that grow; cross-attention fills it once), :class:`StaticLayerCache`
+(preallocated, fixed shapes for ``torch.compile``), :class:`~aiayn.nn.local_attention.RingBufferCache`
+(local attention's last ``window``), and the constant-size states of linear attention and the SSM
+(:class:`~aiayn.nn.linear_attention.LinearAttentionState`, :class:`~aiayn.nn.ssm.SSMState`).
+The two key/value caches share ``update(k, v, mask, causal)``, which the softmax kernel calls.
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-__all__ = ["LayerCache", "KVCache", "StaticLayerCache", "StaticKVCache"]
+__all__ = ["CacheLayer", "LayerCache", "StaticLayerCache", "KVCache"]
+
+
+class CacheLayer(Protocol):
+    """One layer's generation cache."""
+
+    @property
+    def length(self) -> int:
+        """Positions processed so far: the position of the next token."""
+        ...
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search reorders hypotheses every step)."""
+        ...
 
 
 class LayerCache:
-    """Keys and values ``(B, Hkv, S, D)`` of one attention layer.
+    """Keys and values ``(B, Hkv, S, D)`` that grow by each step's (``torch.cat``); cross-attention fills
+    it once from the encoder output (:meth:`set`) and then only reads it."""
 
-    Self-attention appends the new step's keys/values; cross-attention fills it once from the
-    encoder output and then only reads it. With ``max_len`` the storage is preallocated (a static
-    cache: no reallocation per step, and fixed shapes for ``torch.compile``).
-    """
+    max_len = None  # it grows: no preallocated size (see StaticLayerCache)
 
-    def __init__(self, max_len: int | None = None) -> None:
-        self.max_len = max_len
+    def __init__(self) -> None:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.length = 0
@@ -26,42 +46,76 @@ class LayerCache:
     def filled(self) -> bool:
         return self.k is not None
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add ``k, v (B, Hkv, T, D)`` after the cached ones; return all keys and values so far."""
-        new_len = self.length + k.shape[2]
-        if self.max_len is None:
-            self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-            self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-        else:
-            if new_len > self.max_len:
-                raise ValueError(f"static cache holds max_len={self.max_len} positions, asked for {new_len}")
-            if self.k is None or self.v is None:
-                self.k = k.new_empty(k.shape[0], k.shape[1], self.max_len, k.shape[3])
-                self.v = v.new_empty(v.shape[0], v.shape[1], self.max_len, v.shape[3])
-            self.k[:, :, self.length : new_len] = k
-            self.v[:, :, self.length : new_len] = v
-        self.length = new_len
-        return self.k[:, :, :new_len], self.v[:, :, :new_len]
+    def update(self, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor, Tensor | None, bool]:
+        """Add ``k, v (B, Hkv, T, D)`` after the cached ones; attend over all of them (the mask covers them all)."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        self.length += k.shape[2]
+        return self.k, self.v, mask, causal
 
     def set(self, k: Tensor, v: Tensor) -> None:
         """Store cross-attention keys/values computed once from the encoder output."""
         self.k, self.v, self.length = k, v, k.shape[2]
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search reorders hypotheses every step)."""
+        _keep_rows(self, index)
+
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on (speculative decoding drops its rejected drafts)."""
+        _check_crop(length, self.length)
         if self.k is not None and self.v is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+        self.length = length
+
+
+class StaticLayerCache:
+    """Keys and values of one self-attention layer in ``(B, Hkv, max_len, D)`` buffers (gpt-fast), allocated
+    by the first :meth:`update`. The next column is a tensor advanced in place, so a step has fixed shapes
+    and reads nothing back to the host; ``update`` returns the whole buffers and a mask hiding, for each
+    query, the columns after its own (combined with a padding mask over all ``max_len`` columns)."""
+
+    def __init__(self, max_len: int) -> None:
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len must be a positive integer for a static cache, got {max_len!r}")
+        self.max_len = max_len
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.next_column = torch.zeros(1, dtype=torch.long)
+
+    @property
+    def length(self) -> int:
+        return int(self.next_column)  # a host read: for eager callers only
+
+    def update(self, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor, Tensor | None, bool]:
+        """Write ``k, v (B, Hkv, T, D)`` at the next ``T`` columns; attend over the buffers, ``mask (B|1, 1, T, max_len)``."""
+        if self.k is None or self.v is None:
+            self.k = k.new_zeros(k.shape[0], k.shape[1], self.max_len, k.shape[3])
+            self.v = v.new_zeros(v.shape[0], v.shape[1], self.max_len, v.shape[3])
+            self.next_column = self.next_column.to(k.device)
+        columns = self.next_column + torch.arange(k.shape[2], device=k.device)  # (T,)
+        if k.device.type == "cpu" and not torch.compiler.is_compiling() and int(columns[-1]) >= self.max_len:
+            raise ValueError(f"static cache holds max_len={self.max_len} positions, asked for {int(columns[-1]) + 1}")
+        self.k.index_copy_(2, columns, k.to(self.k.dtype))
+        self.v.index_copy_(2, columns, v.to(self.v.dtype))
+        self.next_column.add_(k.shape[2])
+        visible = (torch.arange(self.max_len, device=k.device)[None, :] <= columns[:, None])[None, None]  # (1, 1, T, S)
+        return self.k, self.v, visible if mask is None else mask & visible, False
+
+    def reorder(self, index: Tensor) -> None:
+        _keep_rows(self, index)
+
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on: the next write goes there (later columns are hidden by ``update``)."""
+        _check_crop(length, self.length)
+        self.next_column.fill_(length)
 
 
 class KVCache:
-    """The caches of a whole decoder: one per layer for self-attention, and for cross-attention if any."""
+    """The caches of a whole decoder: one per layer for self-attention (the kind each layer keeps),
+    and for cross-attention if any."""
 
-    def __init__(
-        self, n_layers: int, *, cross_attention: bool = False, max_len: int | None = None, self_caches: list | None = None
-    ) -> None:
-        # self_caches: the layers' own kinds (a ring buffer for local attention, a state for linear attention or an SSM)
-        self.self_attn = self_caches if self_caches is not None else [LayerCache(max_len) for _ in range(n_layers)]
+    def __init__(self, n_layers: int, *, cross_attention: bool = False, self_caches: list[CacheLayer] | None = None) -> None:
+        self.self_attn: list = self_caches if self_caches is not None else [LayerCache() for _ in range(n_layers)]
         self.cross_attn = [LayerCache() for _ in range(n_layers)] if cross_attention else None
 
     @property
@@ -69,52 +123,38 @@ class KVCache:
         """How many positions the decoder has processed: the position of the next token."""
         return self.self_attn[0].length if self.self_attn else 0
 
+    def mask_width(self, new: int) -> int:
+        """The columns a padding mask covers when ``new`` positions are fed: a static cache's ``max_len``, else all so far."""
+        return self.self_attn[0].max_len if isinstance(self.self_attn[0], StaticLayerCache) else self.length + new
+
     def reorder(self, index: Tensor, *, self_only: bool = False) -> None:
         """Keep batch rows ``index`` in every layer (``self_only``: leave the cross-attention caches,
         when every row keeps its source and so its encoder keys and values)."""
         for cache in self.self_attn + ([] if self_only else (self.cross_attn or [])):
             cache.reorder(index)
 
+    @property
+    def croppable(self) -> bool:
+        """Whether every self-attention cache can roll back (:meth:`crop`); a ring buffer and recurrent states cannot."""
+        return all(callable(getattr(cache, "crop", None)) for cache in self.self_attn)
 
-class StaticLayerCache:
-    """Keys and values of one self-attention layer in fixed ``(B, Hkv, S_max, D)`` buffers (gpt-fast).
+    def crop(self, length: int) -> None:
+        """Roll every self-attention cache back to its first ``length`` positions (cross-attention keeps the source).
 
-    ``append`` writes the new step at the columns in ``write_at`` (a tensor set by the caller
-    before each forward) and returns the whole buffers, so every step has the same shapes (one
-    ``torch.compile`` graph for all steps); the caller's mask hides the columns not written yet.
-    """
-
-    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, *, dtype: torch.dtype, device: torch.device) -> None:
-        self.k = torch.zeros(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.write_at = torch.zeros(1, dtype=torch.long, device=device)  # (T,) columns of the next append
-
-    filled = True  # never a cross-attention cache: the property only matters there
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write ``k, v (B, Hkv, T, D)`` at columns ``write_at (T,)``; return the full buffers."""
-        self.k.index_copy_(2, self.write_at, k.to(self.k.dtype))
-        self.v.index_copy_(2, self.write_at, v.to(self.v.dtype))
-        return self.k, self.v
-
-    def reorder(self, index: Tensor) -> None:
-        self.k = self.k.index_select(0, index)
-        self.v = self.v.index_select(0, index)
+        Raises ``ValueError`` for a cache that cannot roll back (see :attr:`croppable`) or a length out of range."""
+        if not self.croppable:
+            kinds = sorted({type(cache).__name__ for cache in self.self_attn if not callable(getattr(cache, "crop", None))})
+            raise ValueError(f"cannot crop a {', '.join(kinds)}: only key/value caches (LayerCache, StaticLayerCache) roll back")
+        for cache in self.self_attn:
+            cache.crop(length)
 
 
-class StaticKVCache:
-    """The static caches of a decoder-only stack; ``write_at`` is shared by every layer."""
+def _keep_rows(cache: LayerCache | StaticLayerCache, index: Tensor) -> None:
+    """Keep batch rows ``index`` of a key/value cache (beam search)."""
+    if cache.k is not None and cache.v is not None:
+        cache.k, cache.v = cache.k.index_select(0, index), cache.v.index_select(0, index)
 
-    def __init__(self, n_layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int, *, dtype: torch.dtype, device: torch.device) -> None:
-        self.max_len = max_len
-        self.self_attn = [StaticLayerCache(batch, kv_heads, max_len, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.cross_attn = None
 
-    def set_write_columns(self, columns: Tensor) -> None:
-        """Where the next forward's ``T`` tokens go, ``columns (T,)``, in every layer."""
-        for layer in self.self_attn:
-            layer.write_at = columns
-
-    def reorder(self, index: Tensor, *, self_only: bool = False) -> None:
-        for layer in self.self_attn:  # no cross-attention here: self_only changes nothing
-            layer.reorder(index)
+def _check_crop(length: int, current: int) -> None:
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= current:
+        raise ValueError(f"crop length={length!r} must be an integer in [0, {current}] (the positions cached)")

@@ -29,10 +29,14 @@ class PositionwiseFeedForward(nn.Module):
         self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w_gate = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w_gate_up: nn.Module | None = None  # SwiGLU's w_gate and w_1 as one layer, fused at load (aiayn.inference.fusion)
         self.dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, T, d_model) -> (B, T, d_model)``."""
+        if self.w_gate_up is not None:
+            gate, hidden = self.w_gate_up(x).chunk(2, dim=-1)  # (B, T, d_ff) each
+            return self.w_2(self.dropout(F.silu(gate) * hidden))
         hidden = self.w_1(x)  # (B, T, d_ff)
         if self.w_gate is not None:
             hidden = F.silu(self.w_gate(x)) * hidden

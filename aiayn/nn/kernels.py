@@ -2,9 +2,9 @@
 
 A kernel takes the heads' queries, keys and values ``(B, H|Hkv, T, D)`` of the new positions and
 returns ``(out (B, H, T, Dv), weights or None)``. It owns its generation cache, because each variant
-remembers something different: ``softmax`` every key and value (:class:`LayerCache`), ``local`` the
-last ``window`` of them (:class:`RingBufferCache`), ``linear`` a fixed-size state
-(:class:`LinearAttentionState`). Cross-attention is always softmax (see :class:`MultiHeadAttention`).
+remembers something different: ``softmax`` every key and value (:class:`LayerCache`, or
+:class:`StaticLayerCache` preallocated), ``local`` the last ``window`` of them (:class:`RingBufferCache`),
+``linear`` a fixed-size state (:class:`LinearAttentionState`); all are :class:`~aiayn.nn.cache.CacheLayer`. Cross-attention is always softmax (see :class:`MultiHeadAttention`).
 
 Masks follow :mod:`aiayn.nn.masks` (bool, ``True`` = may attend). ``local`` and ``linear`` take a
 key padding mask only, ``(B|1, 1, 1, S)``: they never form a ``(T, S)`` matrix to mask.
@@ -13,13 +13,13 @@ key padding mask only, ``(B|1, 1, 1, S)``: they never form a ``(T, S)`` matrix t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from aiayn.nn.attention import scaled_dot_product_attention
-from aiayn.nn.cache import LayerCache
+from aiayn.nn.cache import CacheLayer, LayerCache, StaticLayerCache
 from aiayn.nn.linear_attention import (
     LinearAttentionState,
     causal_linear_attention,
@@ -42,31 +42,35 @@ class AttentionKernel(Protocol):
     name: str
 
     def __call__(
-        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: Any,  # each kernel's own cache kind
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: CacheLayer | None,
         bias: BiasFn | None, dropout_p: float, backend: str, return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]: ...
 
-    def new_cache(self, max_len: int | None = None) -> object: ...
+    def new_cache(self, max_len: int | None = None) -> CacheLayer:
+        """An empty cache of this kernel's kind (``max_len``: preallocated where the kind grows)."""
+        ...
 
 
 class SoftmaxKernel:
-    """``softmax(Q K^T / sqrt(d_k)) V`` over every key (section 3.2.1), with a :class:`LayerCache`."""
+    """``softmax(Q K^T / sqrt(d_k)) V`` over every key (section 3.2.1), with a growing or a static KV cache."""
 
     name = "softmax"
 
     def __call__(
-        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: LayerCache | None,
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: CacheLayer | None,
         bias: BiasFn | None, dropout_p: float, backend: str, return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, Hkv, S, Dh): all positions so far
+            if not isinstance(cache, (LayerCache, StaticLayerCache)):
+                raise _wrong_cache(cache, self.name)
+            k, v, mask, causal = cache.update(k, v, mask, causal)  # (B, Hkv, S, Dh): all positions so far
         return scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias(q.shape[2], k.shape[2]) if bias is not None else None, causal=causal,
             dropout_p=dropout_p, backend=backend, return_weights=return_weights,
         )
 
-    def new_cache(self, max_len: int | None = None) -> LayerCache:
-        return LayerCache(max_len)
+    def new_cache(self, max_len: int | None = None) -> LayerCache | StaticLayerCache:
+        return LayerCache() if max_len is None else StaticLayerCache(max_len)
 
 
 class LocalKernel:
@@ -80,10 +84,12 @@ class LocalKernel:
         self.window = window
 
     def __call__(
-        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: RingBufferCache | None,
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: CacheLayer | None,
         bias: BiasFn | None, dropout_p: float, backend: str, return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         _no_bias(bias, self.name)
+        if cache is not None and not isinstance(cache, RingBufferCache):
+            raise _wrong_cache(cache, self.name)
         q_len = q.shape[2]
         if cache is not None:
             if not causal:
@@ -125,9 +131,11 @@ class LinearKernel:
         self.chunk = chunk
 
     def __call__(
-        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: LinearAttentionState | None,
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool, cache: CacheLayer | None,
         bias: BiasFn | None, dropout_p: float, backend: str, return_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
+        if cache is not None and not isinstance(cache, LinearAttentionState):
+            raise _wrong_cache(cache, self.name)
         if return_weights:
             raise ValueError(
                 "return_weights=True: attention='linear' has no attention weights to return "
@@ -165,6 +173,10 @@ def build_kernel(attention: str, *, window: int | None = None) -> AttentionKerne
     if attention == "linear":
         return LinearKernel()
     return SoftmaxKernel()
+
+
+def _wrong_cache(cache: object, name: str) -> TypeError:
+    return TypeError(f"attention={name!r} got a {type(cache).__name__} as its cache; build caches with model.new_cache()")
 
 
 def _cat(old: Tensor, new: Tensor) -> Tensor:

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from aiayn.nn.attention import repeat_kv
+
 SEGMENT = 256  # positions per recomputed segment when training on long sequences
 
 __all__ = [
@@ -44,16 +46,6 @@ def _normalise(numerator: Tensor, denominator: Tensor) -> Tensor:
     return numerator / torch.where(empty, torch.ones_like(denominator), denominator)
 
 
-def _expand_heads(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads % kv_heads:
-        raise ValueError(f"linear attention: query heads {heads} must be a multiple of key/value heads {kv_heads}")
-    if heads != kv_heads:  # grouped-query: each key/value head serves H / Hkv query heads
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
-    return k, v
-
-
 def _masked_features(k: Tensor, v: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
     """``phi(k)`` and ``v`` with padded keys zeroed, so that they add nothing to the sums."""
     phi_k = feature_map(k)
@@ -68,7 +60,7 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, key_mask: Tensor | None
 
     ``key_mask``: ``(B|1, S)`` bool, ``True`` = real key. Cost ``O((T + S) D Dv)``.
     """
-    k, v = _expand_heads(q, k, v)
+    k, v = repeat_kv(k, v, q.shape[1])
     phi_q = feature_map(q)
     phi_k, v = _masked_features(k, v, key_mask)
     state = phi_k.transpose(-1, -2) @ v  # (B, H, D, Dv): sum_j phi(k_j) v_j^T
@@ -88,7 +80,7 @@ def causal_linear_attention(
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    k, v = _expand_heads(q, k, v)
+    k, v = repeat_kv(k, v, q.shape[1])
     batch, heads, length, dim = q.shape
     if state is None:
         state = (q.new_zeros(batch, heads, dim, v.shape[-1]), q.new_zeros(batch, heads, dim))
@@ -142,7 +134,7 @@ def linear_attention_reference(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None = None
 ) -> Tensor:
     """The naive quadratic formula ``(A v) / (A 1)`` with ``A_ij = phi(q_i) . phi(k_j)``: the tests' reference."""
-    k, v = _expand_heads(q, k, v)
+    k, v = repeat_kv(k, v, q.shape[1])
     scores = feature_map(q) @ feature_map(k).transpose(-1, -2)  # (B, H, T, S)
     if causal:
         q_len, k_len = q.shape[2], k.shape[2]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from aiayn.nn.attention import scaled_dot_product_attention
+from aiayn.nn.attention import repeat_kv, scaled_dot_product_attention
 
 GROUP_QUERIES = 1024  # queries per recomputed group when training on long sequences
 
@@ -71,17 +71,12 @@ def local_attention(
     the scores are never stored.
     """
     batch, heads, n, head_dim = q.shape
-    kv_heads = k.shape[1]
     if k.shape[2] != n or v.shape[2] != n:
         raise ValueError(f"local_attention attends a sequence to itself: q, k, v need one length, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
-    if heads % kv_heads:
-        raise ValueError(f"local_attention: query heads {heads} must be a multiple of key/value heads {kv_heads}")
+    k, v = repeat_kv(k, v, heads)
     left, right = window_sides(window, causal)
     if n == 0:
         return q.new_zeros(batch, heads, 0, v.shape[-1])
-    if heads != kv_heads:  # grouped-query: each key/value head serves H / Hkv query heads
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
     longer = max(left, right)
     size = min(max(-(-longer // 2), 16), n) if block is None else block  # half the window: a third of the keys wasted
     if size < 1:

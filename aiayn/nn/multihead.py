@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.nn.attention import BACKENDS, scaled_dot_product_attention
-from aiayn.nn.cache import LayerCache
+from aiayn.nn.cache import CacheLayer, LayerCache
 from aiayn.nn.kernels import build_kernel
 from aiayn.nn.positional import PositionalEncoding
 
@@ -73,6 +73,7 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_o = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.w_qkv: nn.Module | None = None  # the three as one layer, fused at load for inference (aiayn.inference.fusion)
         self.positions = positions
         if qk_norm:  # only then: the checkpoint keys of a model without it do not change
             self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim), nn.RMSNorm(self.head_dim)
@@ -85,7 +86,7 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: Tensor | None = None,
         causal: bool = False,
-        cache: LayerCache | None = None,
+        cache: CacheLayer | None = None,
         offset: int | Tensor | None = None,
         return_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
@@ -103,6 +104,8 @@ class MultiHeadAttention(nn.Module):
         if self.cross:
             if memory is None:
                 raise ValueError("cross-attention needs memory (the encoder output), got None")
+            if cache is not None and not isinstance(cache, LayerCache):
+                raise TypeError(f"cross-attention caches its keys in a LayerCache, got a {type(cache).__name__}")
             q, k, v = self._cross_inputs(x, memory, cache)
             out, weights = scaled_dot_product_attention(
                 q, k, v, mask=mask, causal=causal, dropout_p=dropout_p, backend=backend, return_weights=return_weights
@@ -125,7 +128,7 @@ class MultiHeadAttention(nn.Module):
         )
         return self._merge(out), weights
 
-    def new_cache(self, max_len: int | None = None) -> object:
+    def new_cache(self, max_len: int | None = None) -> CacheLayer:
         """An empty generation cache of the kind this module's kernel keeps (KV, ring buffer or state)."""
         return self.kernel.new_cache(max_len)
 
@@ -155,7 +158,11 @@ class MultiHeadAttention(nn.Module):
         autocast); the weights stay three modules, so checkpoint keys do not change.
 
         Without gradients (inference) the three modules run as they are: concatenating the weights
-        would copy every one of them at every decoding step, and int8 layers have no float weight."""
+        would copy every one of them at every decoding step, and int8 layers have no float weight;
+        a model loaded for inference holds them concatenated once instead, in ``w_qkv``."""
+        if self.w_qkv is not None:
+            q, k, v = self.w_qkv(x).split([self.n_heads * self.head_dim, *(2 * [self.n_kv_heads * self.head_dim])], dim=-1)
+            return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
         if not torch.is_grad_enabled() or not isinstance(self.w_q, nn.Linear):
             q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
             return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)

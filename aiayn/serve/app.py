@@ -23,6 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.serve import requests as checks
+from aiayn.serve.capabilities import model_card, refusal, tokenizer_info
+from aiayn.serve.choices import Choices, PlainChoices
 from aiayn.serve.encoder_engine import EncoderEngine
 from aiayn.serve.errors import APIError, error_body
 from aiayn.serve.jobs import DONE, ERROR, TOKEN, Job, Worker
@@ -34,28 +36,36 @@ from aiayn.serve.schemas import (
     AttentionRequest,
     ClassificationRequest,
     CompletionRequest,
+    DetokenizeRequest,
     FillMaskRequest,
+    TokenizeRequest,
     TranslationRequest,
 )
 from aiayn.serve.seq2seq_engine import Seq2SeqEngine
 
-__all__ = ["ENDPOINTS", "ServerState", "create_app"]
+__all__ = ["ENDPOINTS", "TOKENIZER_ENDPOINTS", "ServerState", "create_app"]
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS = {
     "decoder-only": ["/v1/completions"],
     "encoder-decoder": ["/v1/translations", "/v1/attention"],
-    "encoder-only": ["/v1/classifications", "/v1/fill-mask"],
+    "encoder-only": ["/v1/classifications", "/v1/fill-mask", "/v1/embeddings"],
 }
+TOKENIZER_ENDPOINTS = ["/tokenize", "/detokenize", "/tokenizer_info"]  # vLLM's, for every family
 _ENGINES: dict[str, Callable[..., Worker]] = {"decoder-only": LMEngine, "encoder-decoder": Seq2SeqEngine, "encoder-only": EncoderEngine}
 
 
 class ServerState:
     """The loaded model and its engine (``None`` until loaded), or why loading failed."""
 
-    def __init__(self, metrics: ServerMetrics, *, max_batch: int, max_queue: int) -> None:
+    def __init__(
+        self, metrics: ServerMetrics, *, max_batch: int, max_queue: int, max_request_tokens: int = 1 << 16,
+        speculative: dict[str, Any] | None = None,
+    ) -> None:
         self.metrics, self.max_batch, self.max_queue = metrics, max_batch, max_queue
+        self.speculative = speculative  # LMEngine's speculative options (aiayn serve --speculative)
+        self.max_request_tokens = max_request_tokens
         self.served: ServedModel | None = None
         self.engine: Worker | None = None
         self.load_error: str | None = None
@@ -64,7 +74,12 @@ class ServerState:
     def load(self, load: Callable[[], ServedModel], on_error: Callable[[BaseException], None] | None) -> None:
         try:
             served = load()
-            engine = _ENGINES[served.family](served, self.metrics, max_batch=self.max_batch, max_queue=self.max_queue)
+            options = {}
+            if self.speculative is not None:
+                if served.family != "decoder-only":
+                    raise ValueError(f"--speculative serves decoder-only models; this checkpoint holds a {served.family} model")
+                options = self.speculative
+            engine = _ENGINES[served.family](served, self.metrics, max_batch=self.max_batch, max_queue=self.max_queue, **options)
             engine.start()
             self.engine, self.served = engine, served
             log.info("model %s (%s) loaded", served.name, served.family)
@@ -74,16 +89,30 @@ class ServerState:
             if on_error is not None:
                 on_error(e)
 
-    def need(self, path: str) -> tuple[ServedModel, Worker]:
-        """The model and engine for ``path``; 503 while loading or after a failed load, 404 for another family's endpoint."""
+    def need(self, path: str | None) -> tuple[ServedModel, Worker]:
+        """The model and engine for ``path``; 503 while loading or after a failed load, 404 for another family's
+        endpoint, 400 for one this model cannot serve (e.g. fill-mask with a tokenizer that has no mask token).
+        ``path=None``: the model whatever its endpoints (health, the model card, the tokenizer)."""
         if self.load_error is not None:
             raise APIError(503, f"the model failed to load: {self.load_error}", type="server_error", code="model_load_failed")
         if self.served is None or self.engine is None:
             raise APIError(503, "the model is still loading; retry in a moment", type="server_error", code="model_loading")
+        if path is None:
+            return self.served, self.engine
         if path not in ENDPOINTS[self.served.family]:
             raise APIError(404, f"{path} is not served for a {self.served.family} model; this server offers {ENDPOINTS[self.served.family]}",
                            code="unsupported_endpoint")
+        why = refusal(self.served, path)
+        if why is not None:
+            raise APIError(400, f"{path} is not served for this model: {why}; this server offers {self.endpoints()}",
+                           code="unsupported_endpoint")
         return self.served, self.engine
+
+    def endpoints(self) -> list[str]:
+        """The endpoints the loaded model serves (its family's, less those it cannot)."""
+        if self.served is None:
+            return []
+        return [path for path in ENDPOINTS[self.served.family] if refusal(self.served, path) is None]
 
     def stop(self) -> None:
         if self.engine is not None:
@@ -96,13 +125,19 @@ def create_app(
     max_batch: int = 8,
     max_queue: int = 64,
     max_body_bytes: int = 1 << 20,
+    max_request_tokens: int = 1 << 16,
     on_load_error: Callable[[BaseException], None] | None = None,
+    body_timeout: float = 30.0,
+    speculative: dict[str, Any] | None = None,
 ) -> FastAPI:
     """The app; ``load`` returns the model (see :func:`aiayn.serve.loading.load_served_model`) and runs
     once, on a thread, when the app starts. ``max_batch`` rows share a step; ``max_queue`` requests may
-    wait (then 429); a body over ``max_body_bytes`` gets 413."""
+    wait (then 429); a body over ``max_body_bytes`` gets 413; a completion may ask for at most
+    ``max_request_tokens`` tokens in all (prompts x ``best_of`` x ``max_tokens``), else 400; a body that has
+    not arrived ``body_timeout`` seconds after the headers gets 408. ``speculative``: the decoder-only engine's
+    speculative options (``{"speculative": "prompt-lookup", "draft_tokens": K, "ngram": N}``; see :class:`LMEngine`)."""
     metrics = ServerMetrics()
-    state = ServerState(metrics, max_batch=max_batch, max_queue=max_queue)
+    state = ServerState(metrics, max_batch=max_batch, max_queue=max_queue, max_request_tokens=max_request_tokens, speculative=speculative)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -112,8 +147,8 @@ def create_app(
 
     app = FastAPI(title="aiayn serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
-    known = {"/", "/health", "/metrics", "/v1/models", *(p for paths in ENDPOINTS.values() for p in paths)}
-    app.add_middleware(BodyLimitAndMetrics, limit=max_body_bytes, metrics=metrics, endpoints=known)
+    known = {"/", "/health", "/metrics", "/v1/models", *TOKENIZER_ENDPOINTS, *(p for paths in ENDPOINTS.values() for p in paths)}
+    app.add_middleware(BodyLimitAndMetrics, limit=max_body_bytes, metrics=metrics, endpoints=known, body_timeout=body_timeout)
     _add_error_handlers(app)
 
     @app.get("/", response_class=HTMLResponse)
@@ -122,7 +157,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        served, _ = state.need(_any_endpoint(state))
+        served, _ = state.need(None)
         return {"status": "ok", "model": served.name, "family": served.family}
 
     @app.get("/metrics")
@@ -131,20 +166,41 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        served, _ = state.need(_any_endpoint(state))
+        served, _ = state.need(None)
         return {"object": "list", "data": [{
             "id": served.name, "object": "model", "created": state.created, "owned_by": "aiayn",
-            "family": served.family, "context_length": served.config.max_len, "endpoints": ENDPOINTS[served.family],
+            "max_model_len": served.config.max_len, **model_card(served, state.endpoints()),
         }]}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_information() -> dict[str, Any]:
+        served, _ = state.need(None)
+        return tokenizer_info(served)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        served, _ = state.need(None)
+        checks.check_model_name(body.model, served)
+        ids = checks.tokenize(body, served)
+        return {"tokens": ids, "count": len(ids), "max_model_len": served.config.max_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        served, _ = state.need(None)
+        checks.check_model_name(body.model, served)
+        ids = checks.vocabulary(served, body.tokens, "tokens") if body.tokens else []
+        return {"prompt": served.tgt_tokenizer.decode(ids)}
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest) -> Any:
         served, engine = state.need("/v1/completions")
         checks.check_model_name(body.model, served)
-        job = _submit(engine, checks.completion(body, served), len(_as_list(body.prompt)), body.stream)
+        request = checks.completion(body, served, token_budget=state.max_request_tokens)
+        job = _submit(engine, request, request.n_rows, body.stream)
         make = _completion_maker(served.name, "text_completion", "cmpl")
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return await _respond(job, make, body.stream, include_usage)
+        shape = Choices(served, request, body.return_tokens_as_token_ids)
+        return await _respond(job, make, body.stream, include_usage, shape)
 
     @app.post("/v1/translations", response_model=None)
     async def translations(body: TranslationRequest) -> Any:
@@ -173,11 +229,10 @@ def create_app(
         checks.check_model_name(body.model, served)
         return HTMLResponse(await asyncio.to_thread(_explorer, served, body.text, body.target))
 
+    from aiayn.serve.embeddings import add_embeddings_route  # its own file; it uses this module's helpers, so imported here
+
+    add_embeddings_route(app, state)
     return app
-
-
-def _any_endpoint(state: ServerState) -> str:
-    return ENDPOINTS[state.served.family][0] if state.served is not None else "/health"
 
 
 def _as_list(given: str | list[str]) -> list[str]:
@@ -216,20 +271,12 @@ def _completion_maker(model: str, kind: str, prefix: str) -> Callable[..., dict[
     return make
 
 
-def _usage(results: list[dict[str, Any]]) -> dict[str, int]:
-    prompt = sum(r["prompt_tokens"] for r in results)
-    completion = sum(r["completion_tokens"] for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
-
-
-async def _respond(job: Job, make: Callable[..., dict[str, Any]], stream: bool, include_usage: bool) -> Any:
+async def _respond(job: Job, make: Callable[..., dict[str, Any]], stream: bool, include_usage: bool,
+                   shape: PlainChoices | None = None) -> Any:
+    shape = shape or PlainChoices()
     if not stream:
         results = await _collect(job)
-        return make([_choice(i, r["text"], r["finish_reason"]) for i, r in enumerate(results)], _usage(results))
+        return make(shape.whole(results), shape.usage(results))
     try:
         first = await job.events.get()  # wait for the first event, so a failed prefill is still a proper 500
     except BaseException:
@@ -238,11 +285,12 @@ async def _respond(job: Job, make: Callable[..., dict[str, Any]], stream: bool, 
     if first[0] == ERROR:
         job.cancel()
         raise first[1]
-    return StreamingResponse(_sse(job, first, make, include_usage), media_type="text/event-stream",
+    return StreamingResponse(_sse(job, first, make, include_usage, shape), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _sse(job: Job, event: tuple[Any, ...], make: Callable[..., dict[str, Any]], include_usage: bool) -> AsyncIterator[str]:
+async def _sse(job: Job, event: tuple[Any, ...], make: Callable[..., dict[str, Any]], include_usage: bool,
+               shape: PlainChoices) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, one with each choice's ``finish_reason``, then ``[DONE]``.
     When the client goes away the generator is closed, and ``finally`` frees the job's batch rows at once."""
     results: dict[int, dict[str, Any]] = {}
@@ -252,13 +300,13 @@ async def _sse(job: Job, event: tuple[Any, ...], make: Callable[..., dict[str, A
                 yield f"data: {json.dumps(event[1].body())}\n\n"
                 break
             if event[0] == TOKEN:
-                yield f"data: {json.dumps(make([_choice(event[1], event[2], None)]))}\n\n"
+                yield f"data: {json.dumps(make([shape.piece(*event[1:])]))}\n\n"
             elif event[0] == DONE:
                 results[event[1]] = event[2]
-                yield f"data: {json.dumps(make([_choice(event[1], '', event[2]['finish_reason'])]))}\n\n"
+                yield f"data: {json.dumps(make([shape.last(event[1], event[2])]))}\n\n"
                 if len(results) == job.n_outputs:
                     if include_usage:
-                        yield f"data: {json.dumps(make([], _usage(list(results.values()))))}\n\n"
+                        yield f"data: {json.dumps(make([], shape.usage(list(results.values()))))}\n\n"
                     break
             event = await job.events.get()
         yield "data: [DONE]\n\n"

@@ -5,6 +5,9 @@ left-padded to a common width (the layout :class:`~aiayn.decoding.adapters.Causa
 decodes exactly: column ``c`` of row ``b`` is position ``c - pads[b]``, padding masked). A new
 request is prefilled alone and joins by left-padding the shorter side (its KV cache included); a
 finished one leaves by ``select``; columns that are padding in every row are trimmed.
+
+A state without a cache (a sequence past learned positions: the decoder re-encodes a sliding window
+every step) joins by its tokens alone, and the joined batch goes on without a cache.
 """
 
 from __future__ import annotations
@@ -28,20 +31,23 @@ def joinable(cache: KVCache) -> bool:
 def join(a: DecodeState, b: DecodeState, pad_id: int) -> DecodeState:
     """Rows of ``a`` then rows of ``b`` in one state, both left-padded to the wider one's width."""
     width = max(_width(a), _width(b))
+    cached = a.cache is not None and b.cache is not None
     return DecodeState(
         tokens=torch.cat([_left(a.tokens, width, pad_id), _left(b.tokens, width, pad_id)]),
         mask=torch.cat([_left(a.mask, width, False), _left(b.mask, width, False)]),
         max_new_tokens=torch.cat([a.max_new_tokens, b.max_new_tokens]),
         pads=torch.cat([a.pads + width - _width(a), b.pads + width - _width(b)]),
-        cache=_join_caches(_cache(a), _cache(b), width),
+        cache=_join_caches(_cache(a), _cache(b), width) if cached else None,
     )
 
 
 def subset(state: DecodeState, index: Tensor) -> DecodeState:
     """A new state holding rows ``index`` (``state`` is left as it is)."""
-    cache = KVCache(len(_cache(state).self_attn))
-    for new, old in zip(cache.self_attn, _cache(state).self_attn):
-        _fill(new, old.k.index_select(0, index), old.v.index_select(0, index), old.length)
+    cache = None
+    if state.cache is not None:
+        cache = KVCache(len(_cache(state).self_attn))
+        for new, old in zip(cache.self_attn, _cache(state).self_attn):
+            _fill(new, old.k.index_select(0, index), old.v.index_select(0, index), old.length)
     return DecodeState(
         tokens=state.tokens.index_select(0, index), mask=state.mask.index_select(0, index),
         max_new_tokens=state.max_new_tokens.index_select(0, index), pads=state.pads.index_select(0, index), cache=cache,
@@ -54,19 +60,20 @@ def trim(state: DecodeState) -> None:
     if drop == 0:
         return
     state.tokens, state.mask, state.pads = state.tokens[:, drop:], state.mask[:, drop:], state.pads - drop
-    for layer in _cache(state).self_attn:
-        _fill(layer, layer.k[:, :, drop:], layer.v[:, :, drop:], layer.length - drop)  # type: ignore[index]
+    for layer in _cache(state).self_attn if state.cache is not None else ():
+        _fill(layer, layer.k[:, :, drop:], layer.v[:, :, drop:], layer.length - drop)
 
 
 def snapshot(state: DecodeState) -> tuple[Tensor, Tensor, list[tuple[Tensor | None, Tensor | None, int]]]:
     """What a step changes, to undo a step that raised halfway (a dynamic cache appends by ``torch.cat``,
     so the old tensors are untouched and keeping references is enough)."""
-    return state.tokens, state.mask, [(layer.k, layer.v, layer.length) for layer in _cache(state).self_attn]
+    layers = _cache(state).self_attn if state.cache is not None and joinable(state.cache) else ()  # else: nothing to undo by
+    return state.tokens, state.mask, [(layer.k, layer.v, layer.length) for layer in layers]
 
 
 def restore(state: DecodeState, saved: tuple[Tensor, Tensor, list[tuple[Tensor | None, Tensor | None, int]]]) -> None:
     state.tokens, state.mask, layers = saved
-    for layer, (k, v, length) in zip(_cache(state).self_attn, layers):
+    for layer, (k, v, length) in zip(_cache(state).self_attn if state.cache is not None else (), layers):
         layer.k, layer.v, layer.length = k, v, length
 
 

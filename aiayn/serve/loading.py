@@ -13,8 +13,8 @@ from pathlib import Path
 
 from torch import nn
 
-from aiayn.api import load_parts
-from aiayn.inference.precision import DTYPES  # the names every inference command accepts
+from aiayn.api import LoadedModel, load_parts
+from aiayn.inference.precision import DTYPES, dtype_name  # the names every inference command accepts
 from aiayn.models.config import TransformerConfig
 from aiayn.tokenization.base import Tokenizer
 
@@ -23,17 +23,24 @@ __all__ = ["DTYPES", "ServedModel", "load_served_model"]
 
 @dataclass
 class ServedModel:
-    """What the server needs: the model (eval mode), its config, tokenizers, and the name it is served under."""
+    """What the server needs: the model (eval mode), its config, tokenizers, the name it is served
+    under, and its class names (``labels``: ``None`` where the checkpoint has none)."""
 
     model: nn.Module
     config: TransformerConfig
     src_tokenizer: Tokenizer
     tgt_tokenizer: Tokenizer
     name: str
+    labels: list[str] | None = None
+    path: Path | None = None  # the directory it was loaded from (sentence-transformers' pooling files: /v1/embeddings)
 
     @property
     def family(self) -> str:
         return self.config.family
+
+    def as_loaded(self) -> LoadedModel:
+        """The model as ``aiayn.load`` gives it, so an endpoint runs the very code Python runs."""
+        return LoadedModel(self.model, self.src_tokenizer, self.tgt_tokenizer, path=Path(self.name), labels=self.labels)
 
 
 def load_served_model(
@@ -46,9 +53,9 @@ def load_served_model(
     Raises ``ValueError`` for an unknown ``dtype`` or a model saved without tokenizers (text cannot be
     encoded), ``FileNotFoundError`` when there is nothing at ``checkpoint``.
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    dtype = dtype_name(dtype)  # "bf16" is "bfloat16"; ValueError naming dtype and the choices
     loaded = load_parts(checkpoint, device=device, dtype=None if dtype == "float32" else dtype, pack=pack)
     if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
         raise ValueError(f"checkpoint {checkpoint} holds no tokenizer, so the server could not encode text")
-    return ServedModel(loaded.model, loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer, name or Path(checkpoint).resolve().name)
+    return ServedModel(loaded.model, loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer, name or Path(checkpoint).resolve().name,
+                       loaded.labels, loaded.path)

@@ -20,7 +20,7 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("aiayn_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=self.registry)
+        self.requests = Counter("aiayn_requests", "HTTP requests, by endpoint and status (an HTTP status, or 'disconnected': the client left before the last byte)", ["endpoint", "status"], registry=self.registry)
         self.tokens = Counter("aiayn_tokens", "tokens processed, by kind (prompt or completion)", ["kind"], registry=self.registry)
         self.queue_depth = Gauge("aiayn_queue_depth", "requests waiting for a batch slot", registry=self.registry)
         self.running = Gauge("aiayn_running", "sequences in the running batch", registry=self.registry)

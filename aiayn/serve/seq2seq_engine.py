@@ -12,17 +12,15 @@ import logging
 import time
 from dataclasses import dataclass
 
-from aiayn.decoding.adapters import Seq2SeqDecoder
-from aiayn.decoding.beam import BeamConfig, beam_search
+from aiayn.decoding.beam import beam_search
 from aiayn.decoding.generation import STOP_EOS, generate_steps
 from aiayn.decoding.protocol import right_pad
-from aiayn.decoding.sampling import GenerationConfig
 from aiayn.decoding.streaming import TextStreamer
+from aiayn.decoding.text import beam_config, generation_config, pad_id, seq2seq_decoder
 from aiayn.serve.errors import ModelFailure
 from aiayn.serve.jobs import DONE, TOKEN, Job, Worker
 from aiayn.serve.loading import ServedModel
 from aiayn.serve.metrics import ServerMetrics
-from aiayn.tokenization.special import EOS_ID
 
 __all__ = ["Seq2SeqEngine", "Translation"]
 
@@ -31,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Translation:
-    """A validated translation request: source ids per text (EOS-terminated, as in training) and settings."""
+    """A validated translation request: source ids per text (as training encodes them: text + EOS, or an import's template) and settings."""
 
     sources: list[list[int]]
     beam_size: int = 4
@@ -54,7 +52,7 @@ class Seq2SeqEngine(Worker):
     def __init__(self, served: ServedModel, metrics: ServerMetrics, *, max_batch: int = 8, max_queue: int = 64) -> None:
         super().__init__(metrics, max_batch=max_batch, max_queue=max_queue)
         self.served = served
-        self.decoder = Seq2SeqDecoder(served.model)  # type: ignore[arg-type]
+        self.decoder = seq2seq_decoder(served.model, served.tgt_tokenizer)  # type: ignore[arg-type]  # its BOS: the tokenizer's
         self.device = next(served.model.parameters()).device
 
     def _work(self) -> None:
@@ -92,28 +90,29 @@ class Seq2SeqEngine(Worker):
 
     def _run(self, rows: list[_Row]) -> None:
         request: Translation = rows[0][0].payload
-        ids, mask = right_pad([src for _, _, src in rows], device=self.device)
+        ids, mask = right_pad([src for _, _, src in rows], pad_id(self.served.src_tokenizer), device=self.device)
         self.metrics.tokens.labels("prompt").inc(int(mask.sum()))
         self.metrics.running.set(len(rows))
-        decode = self.served.tgt_tokenizer.decode
+        tokenizer = self.served.tgt_tokenizer
+        decode = tokenizer.decode
         if request.beam_size == 1:
-            config = GenerationConfig(greedy=True, max_new_tokens=request.max_tokens)
+            config = generation_config(tokenizer, greedy=True, max_new_tokens=request.max_tokens)
             streamers = [TextStreamer(decode) for _ in rows]
             reasons: dict[int, str] = {}
             for step in generate_steps(self.decoder, ids, mask, config):
                 for b in step.emitted.nonzero().flatten().tolist():
                     token = int(step.tokens[b])
-                    if token != EOS_ID:
+                    if token != config.eos_id:
                         self._send(rows[b], streamers[b].push([token]))
                 reasons.update(step.stopped)
             results = [(s.ids, reasons.get(b) == STOP_EOS) for b, s in enumerate(streamers)]
         else:
-            config_b = BeamConfig(beam_size=request.beam_size, length_penalty=request.length_penalty, max_new_tokens=request.max_tokens)
+            config_b = beam_config(tokenizer, beam_size=request.beam_size, length_penalty=request.length_penalty, max_new_tokens=request.max_tokens)
             hyps = beam_search(self.decoder, ids, mask, config_b)
             results = []
             for h, row in zip(hyps, rows):
                 tokens = h[0].tokens if h else []
-                ended = bool(tokens) and tokens[-1] == EOS_ID
+                ended = bool(tokens) and tokens[-1] == config_b.eos_id
                 results.append((tokens[:-1] if ended else tokens, ended))
                 self._send(row, decode(results[-1][0]))
         self.metrics.running.set(0)

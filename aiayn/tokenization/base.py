@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from aiayn.tokenization.special import BOS_ID, EOS_ID, SPECIAL_TOKENS
 
-__all__ = ["Tokenizer", "N_SPECIAL", "with_bos_eos", "check_ids", "check_text", "resolve_file"]
+__all__ = ["Tokenizer", "N_SPECIAL", "with_bos_eos", "check_ids", "check_text", "resolve_file", "same_vocabulary"]
 
 N_SPECIAL = len(SPECIAL_TOKENS)
 
@@ -51,6 +51,14 @@ def with_bos_eos(ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
     if add_eos:
         ids = [*ids, EOS_ID]
     return ids
+
+
+def same_vocabulary(a: Tokenizer | None, b: Tokenizer | None) -> bool:
+    """Whether two tokenizers map the same ids to the same tokens (ensemble members, speculative draft models)."""
+    def tokens(t: Tokenizer | None) -> list[str | None] | None:
+        return None if t is None else [t.id_to_token(i) for i in range(t.vocab_size)]
+
+    return tokens(a) == tokens(b)
 
 
 def check_text(text: object, name: str = "text") -> str:

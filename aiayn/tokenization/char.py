@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aiayn.tokenization.base import N_SPECIAL, check_ids, check_text, resolve_file, with_bos_eos
 from aiayn.tokenization.special import SPECIAL_TOKENS, UNK_ID
+from aiayn.untrusted import MAX_TOKENIZER_BYTES, read_json_file
 
 __all__ = ["CharTokenizer", "CHAR_FORMAT", "CHAR_FILE"]
 
@@ -101,7 +102,13 @@ class CharTokenizer:
         expected = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
         if data.get("special_tokens") != expected:
             raise ValueError(f"{source}: special_tokens must be {expected}, got {data.get('special_tokens')!r}")
-        return cls(data["chars"])
+        chars = data.get("chars")
+        if not isinstance(chars, list):
+            raise ValueError(f"{source}: 'chars' must be a list of single characters, got {chars!r:.80}")
+        try:
+            return cls(chars)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON file to ``path`` (a ``.json`` file, or a directory: ``<dir>/char_tokenizer.json``)."""
@@ -113,7 +120,7 @@ class CharTokenizer:
     @classmethod
     def load(cls, path: str | Path) -> CharTokenizer:
         file = resolve_file(path, CHAR_FILE)
-        return cls.from_dict(json.loads(file.read_text(encoding="utf-8")), str(file))
+        return cls.from_dict(read_json_file(file, what="tokenizer file", max_bytes=MAX_TOKENIZER_BYTES, expect=dict), str(file))
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"

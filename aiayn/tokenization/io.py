@@ -6,7 +6,6 @@ A checkpoint directory holds either one shared tokenizer (``tokenizer.json`` for
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -16,6 +15,7 @@ from aiayn.tokenization.bpe import BPE_FILE, BPETokenizer
 from aiayn.tokenization.char import CHAR_FILE, CHAR_FORMAT, CharTokenizer
 from aiayn.tokenization.pretrained import PRETRAINED_FILE, PRETRAINED_FORMAT, PretrainedTokenizer
 from aiayn.tokenization.spm import SPM_FILE, SPM_FORMAT, SentencePieceTokenizer
+from aiayn.untrusted import MAX_TOKENIZER_BYTES, parse_json, read_untrusted_bytes
 
 __all__ = ["load_tokenizer", "save_tokenizer_pair", "load_tokenizer_pair", "default_file_name"]
 
@@ -41,11 +41,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load a tokenizer from a file, or from a directory holding exactly one of ``tokenizer.json`` /
     ``char_tokenizer.json`` / ``hf_tokenizer.json`` / ``spm_tokenizer.json``. Raises ``FileNotFoundError`` or ``ValueError``."""
     file = _find_file(Path(path), prefix="")
-    text = file.read_text(encoding="utf-8")
+    raw = read_untrusted_bytes(file, max_bytes=MAX_TOKENIZER_BYTES, what="tokenizer file")  # a regular file, bounded
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file}: not a tokenizer file: invalid JSON ({e})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{file}: not a tokenizer file: not UTF-8 ({e})") from None
+    data = parse_json(text, f"{file} (a tokenizer file)")
     if isinstance(data, dict) and data.get("format") == CHAR_FORMAT:
         return CharTokenizer.from_dict(data, str(file))
     if isinstance(data, dict) and data.get("format") == PRETRAINED_FORMAT:

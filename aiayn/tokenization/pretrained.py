@@ -4,6 +4,9 @@ Hugging Face ``tokenizers`` does the work; the special-token ids come from the f
 (``special_tokens_map.json``, ``tokenizer_config.json``, ``config.json``) and, for a role those do
 not name, from the tokenizer's own special tokens by their usual spellings (``[CLS]``, ``<s>``,
 ``<|endoftext|>``). Nothing is re-numbered: the ids are the embedding rows the model was trained with.
+For an encoder-decoder, ``bos`` is config.json's ``decoder_start_token_id`` (BART: ``</s>``), the first
+decoder input, as Marian's target tokenizer has it; a source is encoded by the tokenizer's own template
+(:meth:`PretrainedTokenizer.encode_with_template`: BART ``<s> x </s>``).
 
 Saved inside a model directory as ``hf_tokenizer.json``: the original ``tokenizer.json`` object
 verbatim beside the special ids, one file that needs nothing else to load.
@@ -19,7 +22,8 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from aiayn.tokenization.base import check_ids, check_text, resolve_file
-from aiayn.tokenization.special import ROLES, SpecialIds
+from aiayn.tokenization.special import ROLES, SpecialIds, decoder_start_id
+from aiayn.untrusted import MAX_TOKENIZER_BYTES, read_json_file
 
 __all__ = ["PretrainedTokenizer", "PRETRAINED_FORMAT", "PRETRAINED_FILE", "find_special_ids"]
 
@@ -44,7 +48,7 @@ class PretrainedTokenizer:
     """A ``tokenizers.Tokenizer`` with the special ids of the model it came with.
 
     ``encode`` adds no special tokens by itself (the callers add ``[CLS] ... [SEP]`` or BOS/EOS with
-    these ids); ``decode`` drops every special token.
+    these ids; ``encode_with_template`` adds the tokenizer's own); ``decode`` drops every special token.
     """
 
     def __init__(self, backend: HFTokenizer, special_ids: SpecialIds, *, source: str = "tokenizer") -> None:
@@ -96,6 +100,12 @@ class PretrainedTokenizer:
         encodings = self._backend.encode_batch(texts, add_special_tokens=False)
         return [self._with_bos_eos(e.ids, add_bos, add_eos) for e in encodings]
 
+    def encode_with_template(self, texts: Sequence[str]) -> list[list[int]]:
+        """``texts`` as Hugging Face encodes them (``add_special_tokens=True``): with the special tokens of
+        tokenizer.json's post-processor (BART ``<s> x </s>``, BERT ``[CLS] x [SEP]``; none without one)."""
+        texts = [check_text(t, f"texts[{i}]") for i, t in enumerate(texts)]
+        return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=True)]
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` with every special token dropped."""
         return self._backend.decode(check_ids(ids, self.vocab_size), skip_special_tokens=True)
@@ -117,7 +127,7 @@ class PretrainedTokenizer:
     @classmethod
     def load(cls, path: str | Path) -> PretrainedTokenizer:
         file = resolve_file(path, PRETRAINED_FILE)
-        return cls.from_dict(json.loads(file.read_text(encoding="utf-8")), str(file))
+        return cls.from_dict(read_json_file(file, what="tokenizer file", max_bytes=MAX_TOKENIZER_BYTES), str(file))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> PretrainedTokenizer:
@@ -144,7 +154,8 @@ def find_special_ids(
     backend: HFTokenizer, token_maps: Sequence[Mapping[str, Any]], config: Mapping[str, Any], source: str
 ) -> SpecialIds:
     """Each role's id: the token ``token_maps`` name for it (``pad_token``...), else config.json's
-    ``<role>_token_id``, else the one special token of the tokenizer spelled as that role usually is.
+    ``<role>_token_id``, else the one special token of the tokenizer spelled as that role usually is;
+    ``bos`` is the decoder start (:func:`~aiayn.tokenization.special.decoder_start_id`) when config.json names one.
 
     Raises ``ValueError`` naming ``source`` for a named token the vocabulary lacks, a role two
     special tokens could fill, or a tokenizer with no special token at all.
@@ -163,6 +174,7 @@ def find_special_ids(
                     f"name it in special_tokens_map.json (\"{role}_token\": ...)"
                 )
             found[role] = backend.token_to_id(candidates[0]) if candidates else None
+    found["bos"] = decoder_start_id(config, found["bos"])
     if all(v is None for v in found.values()):
         raise ValueError(
             f"{source}: no special tokens found (none of {', '.join(sorted({t for s in SPELLINGS.values() for t in s}))} "
@@ -188,8 +200,5 @@ def _named(backend: HFTokenizer, token_maps: Sequence[Mapping[str, Any]], role: 
 def _read_json(file: Path) -> dict[str, Any]:
     if not file.is_file():
         return {}
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file}: invalid JSON ({e})") from None
+    data = read_json_file(file, what=file.name, max_bytes=MAX_TOKENIZER_BYTES)  # bounded: size, depth, a regular file
     return data if isinstance(data, dict) else {}

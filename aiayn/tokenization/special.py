@@ -7,6 +7,7 @@ otherwise, and every tokenizer puts these tokens first, in this order.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 PAD, BOS, EOS, UNK, CLS, SEP, MASK = "<pad>", "<bos>", "<eos>", "<unk>", "<cls>", "<sep>", "<mask>"
@@ -69,3 +70,23 @@ def sentence_ids(tokenizer: object) -> tuple[int, int, int]:
         source = getattr(tokenizer, "source", "the tokenizer")
         raise ValueError(f"{source}: has no [CLS]/[SEP] (nor BOS/EOS) token: an encoder-only input is [CLS] text [SEP]")
     return cls, sep, specials.pad if specials.pad is not None else 0
+
+
+def decoder_start_id(hf_config: Mapping[str, object], default: int | None) -> int | None:
+    """An imported encoder-decoder's first decoder input: ``config.json``'s ``decoder_start_token_id``
+    (Marian and T5: the pad, BART: ``</s>``), else ``default``.
+
+    The target tokenizer carries it as its ``bos`` id, the one every decoding path starts from.
+    """
+    start = hf_config.get("decoder_start_token_id")
+    return start if isinstance(start, int) and not isinstance(start, bool) else default
+
+
+def encode_sources(tokenizer: object, texts: Sequence[str]) -> list[list[int]]:
+    """Encoder-decoder sources, in training and in decoding: a pretrained tokenizer's as Hugging Face
+    encodes them (its template's special tokens: BART ``<s> x </s>``), else the text then EOS
+    (fairseq and Marian both train so; no EOS when the tokenizer has none)."""
+    own = getattr(tokenizer, "encode_with_template", None)
+    if callable(own):
+        return list(own(texts))
+    return tokenizer.encode_batch(texts, add_eos=special_ids(tokenizer).eos is not None)  # type: ignore[attr-defined]

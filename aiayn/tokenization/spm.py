@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.tokenization.base import check_ids, check_text, resolve_file
-from aiayn.tokenization.special import ROLES, SpecialIds
+from aiayn.tokenization.special import ROLES, SpecialIds, decoder_start_id
+from aiayn.untrusted import MAX_TOKENIZER_BYTES, read_json_file
 
 __all__ = ["SentencePieceTokenizer", "SPM_FORMAT", "SPM_FILE", "read_marian_tokenizers"]
 
@@ -63,9 +64,10 @@ class SentencePieceTokenizer:
         return [self.encode(check_text(t, f"texts[{i}]"), add_bos, add_eos) for i, t in enumerate(texts)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of ``ids`` with every special token dropped."""
+        """Text of ``ids`` with every special token dropped; as MarianTokenizer, a word-start mark (``▁``) that
+        SentencePiece leaves (a piece of the other side's model) is a space, and the ends are stripped."""
         pieces = [self._pieces[i] for i in check_ids(ids, self._size) if i not in self._skip and i in self._pieces]
-        return self._processor.decode_pieces(pieces)
+        return self._processor.decode_pieces(pieces).replace("\u2581", " ").strip()
 
     def id_to_token(self, id: int) -> str | None:
         return self._pieces.get(id)
@@ -86,7 +88,7 @@ class SentencePieceTokenizer:
     @classmethod
     def load(cls, path: str | Path) -> SentencePieceTokenizer:
         file = resolve_file(path, SPM_FILE)
-        return cls.from_dict(json.loads(file.read_text(encoding="utf-8")), str(file))
+        return cls.from_dict(read_json_file(file, what="tokenizer file", max_bytes=MAX_TOKENIZER_BYTES), str(file))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> SentencePieceTokenizer:
@@ -113,7 +115,7 @@ def read_marian_tokenizers(directory: str | Path) -> tuple[SentencePieceTokenize
     for name in ("source.spm", "target.spm", "vocab.json"):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory} has no {name}: a Marian tokenizer needs source.spm, target.spm and vocab.json")
-    vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+    vocab = read_json_file(directory / "vocab.json", what="vocab.json", max_bytes=MAX_TOKENIZER_BYTES, expect=dict)
     settings = _json(directory / "tokenizer_config.json")
     config = _json(directory / "config.json")
     ids: dict[str, int | None] = dict.fromkeys(ROLES)
@@ -123,8 +125,7 @@ def read_marian_tokenizers(directory: str | Path) -> tuple[SentencePieceTokenize
         if token not in vocab:
             raise ValueError(f"{directory / 'vocab.json'}: the {role} token {token!r} is not in the vocabulary")
         ids[role] = int(vocab[token])
-    start = config.get("decoder_start_token_id", ids["pad"])
-    ids["bos"] = int(start) if isinstance(start, int) else ids["pad"]
+    ids["bos"] = decoder_start_id(config, ids["pad"])
     specials = SpecialIds(**ids)
     src = SentencePieceTokenizer((directory / "source.spm").read_bytes(), vocab, specials, source=str(directory / "source.spm"))
     tgt = SentencePieceTokenizer((directory / "target.spm").read_bytes(), vocab, specials, source=str(directory / "target.spm"))
@@ -134,5 +135,5 @@ def read_marian_tokenizers(directory: str | Path) -> tuple[SentencePieceTokenize
 def _json(file: Path) -> dict[str, Any]:
     if not file.is_file():
         return {}
-    data = json.loads(file.read_text(encoding="utf-8"))
+    data = read_json_file(file, what=file.name)  # bounded: size, depth, a regular file
     return data if isinstance(data, dict) else {}

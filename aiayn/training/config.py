@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,19 +13,21 @@ from typing import Any, Literal
 
 from aiayn.checkpoint.retention import RetentionConfig
 from aiayn.config_io import convert_value
+from aiayn.data.batching import check_pad_multiple
 from aiayn.models.config import FAMILIES, TransformerConfig, config_from_dict
 from aiayn.models.presets import preset
 from aiayn.training.optim import OptimConfig, ScheduleConfig
 from aiayn.training.precision import PRECISIONS
-from aiayn.validation import check_choice
+from aiayn.validation import check_choice, check_known_keys, is_int, rule
 
 __all__ = ["ModelSection", "DataSection", "LoopSection", "TrainConfig", "build_model_config", "TASKS", "DATASET_NAMES"]
 
 TASKS = ("translation", "lm", "mlm", "classification")
-DATASET_NAMES = ("multi30k", "tinyshakespeare", "sst2", "files")
+DATASET_NAMES = ("multi30k", "tinyshakespeare", "sst2", "files", "wmt14-en-de")
 
 
 _SECTION_KEYS = ("preset", "family")
+AUTO = "auto"  # model.n_classes: auto = the number of labels in the training file
 
 
 def _model_fields() -> dict[str, Any]:
@@ -44,7 +45,8 @@ class ModelSection:
     A field that is absent keeps the preset's value; a field given as ``None`` (YAML ``null``) is set
     to ``None`` (``pad_id: null`` means "no padding token"). The changes are checked by building the
     config at once, with the config's own ``replace`` (a field unknown to the family, or a bad value,
-    fails here, before any work). ``vocab_size`` defaults to the tokenizer's.
+    fails here, before any work). ``vocab_size`` defaults to the tokenizer's; ``n_classes: auto`` (or
+    absent) takes the number of labels in the training file.
     In YAML the section is flat: ``model: {preset: tiny-decoder-only, d_model: 64, pad_id: null}``.
     """
 
@@ -52,12 +54,7 @@ class ModelSection:
         if preset is not None and family is not None:
             raise ValueError(f"model: give one of model.preset or model.family (e.g. model.preset=tiny-decoder-only), "
                              f"not both: got preset={preset!r}, family={family!r}")
-        valid = _model_fields()
-        for key in overrides:
-            if key not in valid:
-                close = difflib.get_close_matches(key, valid, n=1)
-                hint = f" (did you mean 'model.{close[0]}'?)" if close else ""
-                raise ValueError(f"unknown key 'model.{key}'{hint}; valid keys: preset, family, {', '.join(valid)}")
+        check_known_keys(overrides, [*_SECTION_KEYS, *_model_fields()], owner="ModelSection", path="model")
         self.preset, self.family, self.overrides = preset, family, dict(overrides)
         if self.from_checkpoint:
             return  # the fields go over train.init_from's config, which the run reads (TrainConfig checks it is set)
@@ -68,11 +65,20 @@ class ModelSection:
         """Neither preset nor family: the model is train.init_from's, with these fields over it."""
         return self.preset is None and self.family is None
 
+    @property
+    def classes_from_data(self) -> bool:
+        """``n_classes`` is absent or ``auto``: the training labels decide it."""
+        return self.overrides.get("n_classes", AUTO) in (AUTO, None)
+
+    def fixed_overrides(self) -> dict[str, Any]:
+        """The fields the section sets, without an ``n_classes: auto`` (which the data fills in)."""
+        return {k: v for k, v in self.overrides.items() if not (k == "n_classes" and v == AUTO)}
+
     def build(self, *, vocab_size: int | None = None) -> TransformerConfig:
         """The model config; ``vocab_size`` fills in when the section does not set it."""
         if self.from_checkpoint:
             raise ValueError("model: give model.preset or model.family (or train.init_from, whose model this section changes)")
-        values = dict(self.overrides)
+        values = self.fixed_overrides()
         if vocab_size is not None and values.get("vocab_size") is None:
             values["vocab_size"] = vocab_size
         if self.preset is not None:
@@ -104,6 +110,11 @@ class ModelSection:
         head = {key: values.pop(key, None) for key in _SECTION_KEYS}
         hints = _model_fields()
         for key, value in values.items():
+            if key == "n_classes" and value in (AUTO, None):
+                if value is None:
+                    raise ValueError(f"{path}.n_classes: expected a number of classes or auto (one class per label "
+                                     "of the training file), got null")
+                continue
             if key in hints:  # unknown keys: the constructor names them
                 values[key] = convert_value(value, hints[key], f"{path}.{key}")
         return cls(**head, **values)
@@ -128,8 +139,14 @@ class DataSection:
     dataset: str = "tinyshakespeare"  # a named data set, or "files" with the paths below
     data_dir: str | None = None  # else $AIAYN_DATA_DIR, else the user cache (see docs/data.md)
     direction: str = "de-en"  # multi30k: source-target
-    train_files: list[str] = field(default_factory=list)  # dataset=files: [src, tgt] | [text] | [tsv]
-    val_files: list[str] = field(default_factory=list)
+    train_files: list[str] = field(default_factory=list)  # dataset=files: [src, tgt] | [pairs] | [text] | [table] (docs/data.md)
+    val_files: list[str] = field(default_factory=list)  # none: 10% of train_files is held out (docs/own-data.md)
+    test_files: list[str] = field(default_factory=list)  # `aiayn evaluate --split test` scores them
+    text_column: str | int | None = None  # tables: by name or number (0 = first); default text/sentence, or column 1
+    label_column: str | int | None = None  # tables: default label, or column 0
+    source_column: str | int | None = None  # translation, one table of pairs: default source/src, or column 0
+    target_column: str | int | None = None  # default target/tgt, or column 1
+    header: bool | Literal["auto"] = "auto"  # tables: true | false | auto (the first row is a header if it names a column)
     tokenizer: Literal["bpe", "char"] = "bpe"
     vocab_size: int = 8000  # BPE vocabulary (ignored by char)
     shared_vocab: bool = True  # one vocabulary for source and target (the paper)
@@ -139,8 +156,11 @@ class DataSection:
     batch_size: int = 32  # lm: windows per batch; mlm / classification: sentences per batch
     block_size: int = 64  # lm: context length
     num_workers: int = 0
+    pad_to_multiple: int = 1  # translation / mlm / classification: round batch lengths up to this (8, 16: few shapes recur)
+    prepared: str | None = None  # translation: a directory written by `aiayn prepare`: train on its token-id shards
 
     def __post_init__(self) -> None:
+        check_pad_multiple(self.pad_to_multiple, "data.pad_to_multiple")
         check_choice("data.task", self.task, TASKS)
         check_choice("data.dataset", self.dataset, DATASET_NAMES)
         check_choice("data.tokenizer", self.tokenizer, ("bpe", "char"))
@@ -151,8 +171,10 @@ class DataSection:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be >= 1")
         if self.num_workers < 0:
             raise ValueError(f"data.num_workers={self.num_workers} must be >= 0")
-        if self.dataset == "files" and not self.train_files:
+        if self.dataset == "files" and not self.train_files and self.prepared is None:
             raise ValueError("data.train_files is required when data.dataset=files")
+        if self.prepared is not None and self.task != "translation":
+            raise ValueError(f"data.prepared={self.prepared!r} holds sentence pairs: it needs data.task='translation', got {self.task!r}")
 
 
 @dataclass(kw_only=True)
@@ -164,9 +186,10 @@ class LoopSection:
     max_minutes: float | None = None  # wall-clock budget: stop (with a checkpoint) once it is spent
     init_from: str | None = None  # start from these weights and tokenizer (e.g. masked-LM pre-training); not a resume
     accumulate: int = 1  # micro-batches per optimizer step
+    micro_batches_per_step: int | None = None  # of all ranks together: each rank accumulates this / world size (the paper's batch on any GPU count)
     grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
     label_smoothing: float = 0.0  # the paper used 0.1 for translation (section 5.4)
-    precision: str = "fp32"  # fp32 | bf16 (autocast; CPU with AMX, or GPU) | fp16 (with a grad scaler; GPU, or CPU for tests) | auto (bf16 where native)
+    precision: str = "fp32"  # fp32 | bf16 (autocast; CPU with AMX, or GPU) | fp16 (with a grad scaler; GPU, or CPU for tests) | bf16-master (bf16 weights, fp32 masters; docs/training.md) | auto (bf16 where native); float32, bfloat16, float16 alike
     compile: bool = False  # torch.compile the model
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     seed: int = 0
@@ -175,6 +198,7 @@ class LoopSection:
     eval_bleu: int = 0  # translation: also log val_bleu, greedy BLEU of this many validation sentences; 0 = off
     log_every: int = 10
     save_every: int = 500
+    save_every_minutes: float | None = None  # also checkpoint once this much time has passed since the last save (the paper: 10)
     nonfinite: str = "raise"  # raise (stop before the optimizer step) | skip (drop the step)
     progress: bool = True  # a tqdm progress bar on rank 0
     tensorboard: bool = True  # also write TensorBoard events when the package is installed
@@ -182,6 +206,7 @@ class LoopSection:
     parallel: str = "ddp"  # under torchrun: ddp (replicate) | fsdp (shard each block, fully_shard; DCP checkpoints)
     cpu_offload: bool = False  # fsdp: keep the sharded parameters and optimizer state in CPU memory
     activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
+    malloc_mmap_threshold: int | None = None  # glibc: a fixed mmap threshold in bytes (65536: less peak RSS, docs/training.md); None = glibc's own
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "accumulate", "eval_every", "log_every", "save_every"):
@@ -197,13 +222,31 @@ class LoopSection:
             raise ValueError(f"train.max_minutes={self.max_minutes} must be > 0 or null")
         if self.eval_bleu < 0:
             raise ValueError(f"train.eval_bleu={self.eval_bleu} must be >= 0 (0 = off)")
+        if self.save_every_minutes is not None and self.save_every_minutes <= 0:
+            raise ValueError(f"train.save_every_minutes={self.save_every_minutes} must be > 0 or null")
+        if self.micro_batches_per_step is not None and self.micro_batches_per_step < 1:
+            raise ValueError(f"train.micro_batches_per_step={self.micro_batches_per_step} must be >= 1 or null")
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ValueError(f"train.eval_batches={self.eval_batches} must be >= 1 or null")
         check_choice("train.precision", self.precision, PRECISIONS)
         check_choice("train.nonfinite", self.nonfinite, ("raise", "skip"))
         check_choice("train.parallel", self.parallel, ("ddp", "fsdp"))
+        if self.malloc_mmap_threshold is not None:
+            rule(is_int(self.malloc_mmap_threshold) and 0 < self.malloc_mmap_threshold <= 32 * 2**20,
+                 "train.malloc_mmap_threshold", self.malloc_mmap_threshold, "must be an int in [1, 33554432] (glibc's maximum) or null")
         if self.cpu_offload and self.parallel != "fsdp":
             raise ValueError(f"train.cpu_offload=true needs train.parallel='fsdp', got {self.parallel!r}")
+
+    def micro_batches(self, world_size: int) -> int:
+        """Micro-batches each rank accumulates per step: ``micro_batches_per_step / world_size``, else ``accumulate``."""
+        if self.micro_batches_per_step is None:
+            return self.accumulate
+        if self.micro_batches_per_step % world_size:
+            raise ValueError(
+                f"train.micro_batches_per_step={self.micro_batches_per_step} is not a multiple of the {world_size} ranks: "
+                f"set it to a multiple of {world_size} (and data.max_tokens so that their product stays the batch you want)"
+            )
+        return self.micro_batches_per_step // world_size
 
 
 @dataclass(kw_only=True)

@@ -1,4 +1,4 @@
-"""Validation during training: loss and perplexity (and accuracy for classifiers) over fixed batches."""
+"""Validation during training: loss, and perplexity (accuracy for classifiers), over fixed batches."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def validate(
     autocast: Callable[[], AbstractContextManager[Any]],
     max_batches: int | None = None,
 ) -> dict[str, float]:
-    """Token-weighted mean loss over ``batches`` (``val_loss``), its ``val_ppl``, and ``val_accuracy`` for classification."""
+    """Token-weighted mean loss over ``batches`` (``val_loss``), and its ``val_ppl`` (LM, MLM, translation) or
+    ``val_accuracy`` (classification)."""
     was_training = objective.training
     objective.eval()
     total, count, correct, seen = 0.0, 0, 0, 0
@@ -40,7 +41,8 @@ def validate(
     if count == 0:
         raise ValueError("validation data has no tokens to score")
     metrics = {"val_loss": total / count}
-    metrics["val_ppl"] = math.exp(min(metrics["val_loss"], 50.0))
-    if seen:
+    if seen:  # a classifier: a perplexity over classes means nothing to a reader, accuracy does
         metrics["val_accuracy"] = correct / seen
+    else:
+        metrics["val_ppl"] = math.exp(min(metrics["val_loss"], 50.0))
     return metrics

@@ -16,9 +16,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from aiayn.checkpoint.weights import load_state_dict_checked, read_safetensors
+from aiayn.checkpoint.weights import load_state_dict_checked
 from aiayn.models.config import TransformerConfig
-from aiayn.pretrained import MODEL_FILE, load_pretrained, model_dir
 from aiayn.tokenization.base import Tokenizer
 
 __all__ = ["InitSource", "read_init", "load_init_weights", "NEW_HEAD_PREFIXES"]
@@ -38,32 +37,23 @@ class InitSource:
     config: TransformerConfig
     state: dict[str, Tensor]
     tokenizers: tuple[Tokenizer, Tokenizer] | None
-    hugging_face: bool = False
 
 
 def read_init(path: str) -> InitSource:
-    """Read ``train.init_from``. Raises ``FileNotFoundError`` naming it when there is nothing there."""
-    from aiayn.api import is_hf_dir  # the Hugging Face check lives with aiayn.load
+    """Read ``train.init_from`` through :func:`aiayn.api.load_parts` (which tells ours from Hugging Face's).
+    Raises ``FileNotFoundError`` naming it when there is nothing there."""
+    from aiayn.api import load_parts
 
     directory = resolve_init_path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"train.init_from: no such directory: {path} (train the model to start from first, "
                                 f"or point to it with --set train.init_from=DIR)")
-    if is_hf_dir(directory):
-        from aiayn.interop.hf import load_hf
-
-        imported = load_hf(directory)
-        tokenizers = None
-        if imported.tokenizer is not None and imported.tgt_tokenizer is not None:
-            tokenizers = (imported.tokenizer, imported.tgt_tokenizer)
-        state = {k: v.float() if v.is_floating_point() else v for k, v in imported.model.state_dict().items()}
-        return InitSource(directory, imported.config, state, tokenizers, hugging_face=True)
-    directory = model_dir(directory)
-    loaded = load_pretrained(directory, pack=False)  # its config and tokenizers: the weights are read below
+    loaded = load_parts(directory, pack=False)  # never run here: its weights are copied into the new model
     tokenizers = None
     if loaded.src_tokenizer is not None and loaded.tgt_tokenizer is not None:
         tokenizers = (loaded.src_tokenizer, loaded.tgt_tokenizer)
-    return InitSource(directory, loaded.config, read_safetensors(directory / MODEL_FILE)[0], tokenizers)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in loaded.model.state_dict().items()}
+    return InitSource(loaded.path, loaded.config, state, tokenizers)
 
 
 def resolve_init_path(path: str) -> Path:

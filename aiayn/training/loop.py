@@ -8,6 +8,7 @@ checkpoint that holds everything needed to continue bit for bit).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -17,13 +18,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
 from aiayn.checkpoint.rng_state import capture_rng_state, restore_rng_state
-from aiayn.checkpoint.sharded import load_sharded_state, read_sharded_checkpoint, save_sharded_checkpoint
+from aiayn.checkpoint.sharded import load_sharded_state, save_sharded_checkpoint
 from aiayn.checkpoint.state import (
     BestValue,
     Checkpoint,
@@ -36,6 +36,7 @@ from aiayn.checkpoint.state import (
     save_checkpoint,
 )
 from aiayn.config_io import save_yaml
+from aiayn.data.batching import padded_length
 from aiayn.evaluation.during_training import bleu_eval_hook
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
@@ -43,20 +44,23 @@ from aiayn.pretrained import LABELS_FILE
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.training.activation_checkpointing import apply_activation_checkpointing
+from aiayn.training.allocator import set_mmap_threshold
 from aiayn.training.config import LoopSection, TrainConfig, build_model_config
 from aiayn.training.distributed import DistInfo, all_gather_objects, any_rank, init_distributed, shutdown
 from aiayn.training.evaluate import validate
 from aiayn.training.fsdp import check_under_torchrun, shard_model
 from aiayn.training.init_from import InitSource, check_family, init_model_config, load_init_weights, read_init
-from aiayn.training.metrics_log import MetricsLog
+from aiayn.training.master_weights import MasterWeights
+from aiayn.training.metrics_log import MetricsLog, peak_rss_bytes
 from aiayn.training.objectives import Objective
 from aiayn.training.optim import build_optimizer, build_scheduler
-from aiayn.training.precision import autocast_context, resolve_precision
-from aiayn.training.progress import progress_bar
+from aiayn.training.precision import MASTER, MASTER_NAMES, autocast_context, resolve_precision
+from aiayn.training.preemption import Preemption, TrainingInterrupted
+from aiayn.training.progress import Progress, progress_bar
 from aiayn.training.step import StepResult, TrainStep
-from aiayn.training.tasks import TaskData, build_task_data
+from aiayn.training.tasks import TaskData, build_task_data, check_classes, size_hint
 
-__all__ = ["train", "TrainResult", "EvalHook"]
+__all__ = ["train", "TrainResult", "EvalHook", "TrainingInterrupted"]
 
 log = logging.getLogger(__name__)
 EvalHook = Callable[[nn.Module, TaskData, int], dict[str, float]]  # (model, data, step) -> extra metrics
@@ -122,7 +126,7 @@ def _rank_state(checkpoint: Checkpoint, rank: int, world_size: int, *, resplit: 
     """
     saved = len(checkpoint.ranks) + 1
     if resplit and saved != world_size:
-        assert checkpoint.trainer is not None  # read_sharded_checkpoint read it
+        assert checkpoint.trainer is not None  # load_checkpoint read it
         return _resplit_loader_state(checkpoint, checkpoint.trainer.data or {}, rank, world_size)
     if rank == 0:
         assert checkpoint.trainer is not None  # restore_training_state checked it
@@ -170,9 +174,12 @@ def _train(
 ) -> TrainResult:
     loop = config.train
     fsdp = loop.parallel == "fsdp"
-    precision = resolve_precision(loop.precision, device)
-    if loop.precision == "auto":
-        log.info("train.precision=auto: %s on this %s", precision, device.type)
+    master_ok = not (dist_info.enabled or fsdp or loop.compile)
+    if loop.malloc_mmap_threshold is not None:  # before the data: its blocks are freed and reused too
+        set_mmap_threshold(loop.malloc_mmap_threshold)
+    if loop.precision in MASTER_NAMES and not master_ok:
+        raise ValueError(f"train.precision={loop.precision} trains in one process without train.compile (its bf16 copies "
+                         "are not what DDP, FSDP or torch.compile see); use train.precision=bf16 (autocast) there")
     torch.manual_seed(loop.seed)  # same initial weights on every rank
     init = read_init(loop.init_from) if loop.init_from and checkpoint is None else None
     if init is not None:
@@ -180,17 +187,23 @@ def _train(
     tokenizers = load_tokenizer_pair(checkpoint.path) if checkpoint else (init.tokenizers if init else None)
     data = build_task_data(config.data, seed=loop.seed, rank=dist_info.rank, world_size=dist_info.world_size, tokenizers=tokenizers)
     model_config = _model_config(config, data, init)
+    check_classes(getattr(model_config, "n_classes", 0), data)
     _check_lengths(config, model_config)
     _check_vocabularies(data, model_config)
     model = model_class(model_config)(model_config).to(device)
+    precision = resolve_precision(loop.precision, device, n_params=sum(p.numel() for p in model.parameters()), master_ok=master_ok)
+    if loop.precision == "auto":
+        log.info("train.precision=auto: %s on this %s", precision, device.type)
+    if config.data.dataset == "files" and dist_info.is_main:
+        log.info(size_hint(data, sum(p.numel() for p in model.parameters()), pretrained=loop.init_from is not None))
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
     if fsdp:
-        shard_model(model, bf16=precision == "bf16", cpu_offload=loop.cpu_offload)
+        shard_model(model, bf16=precision == "bfloat16", cpu_offload=loop.cpu_offload)
     optimizer = build_optimizer(model, config.optim)
     scheduler = build_scheduler(optimizer, config.schedule.resolve(max_steps=loop.max_steps, d_model=model_config.d_model))
     step, best = 0, None
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")  # fp16: skip overflows, adapt the scale
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "float16")  # fp16: skip overflows, adapt the scale
     if checkpoint is not None:
         _check_same_model(checkpoint, model_config)
         if fsdp:
@@ -214,11 +227,12 @@ def _train(
     runner: nn.Module = torch.compile(objective) if loop.compile else objective  # type: ignore[assignment]
     if dist_info.enabled and not fsdp:
         runner = nn.parallel.DistributedDataParallel(runner, device_ids=[device.index] if device.type == "cuda" else None)
-    autocast = autocast_context(precision, device)
+    autocast = autocast_context(precision, device)  # validation's; a bf16-master step runs on its bf16 copies instead
+    master = MasterWeights(model) if precision == MASTER else None  # after a resume: copies of the restored masters
     train_step = TrainStep(
-        runner, model, optimizer, scheduler=scheduler, grad_clip=loop.grad_clip, nonfinite=loop.nonfinite,
-        autocast=autocast, scaler=scaler,
-        dist_info=dist_info, device=device,
+        runner, model, optimizer, scheduler=scheduler,
+        grad_clip=loop.grad_clip, nonfinite=loop.nonfinite, autocast=contextlib.nullcontext if master else autocast,
+        scaler=scaler, dist_info=dist_info, device=device, master=master,
     )
     saver = _Saver(run_dir, model, model_config, optimizer, scheduler, data, dist_info, loop.retention, sharded=fsdp)
     saver.scaler = scaler
@@ -240,7 +254,9 @@ def _train(
         return metrics
 
     try:
-        last_saved, step, metrics = _loop(loop, step, best, data, train_step, evaluate, saver, metrics_log, dist_info, device)
+        with Preemption(dist_info, device) as preemption:  # SIGINT/SIGTERM: finish the step, save, stop
+            last_saved, step, metrics = _loop(loop, step, best, data, train_step, evaluate, saver, metrics_log, dist_info, device,
+                                              preemption)
     finally:
         if metrics_log is not None:
             metrics_log.close()
@@ -258,19 +274,22 @@ def _loop(
     metrics_log: MetricsLog | None,
     dist_info: DistInfo,
     device: torch.device,
+    preemption: Preemption | None = None,
 ) -> tuple[Path | None, int, dict[str, float]]:
     """Step until ``max_steps`` (or ``stop_after``, or ``max_minutes``); log, validate and save on schedule.
 
-    Returns the last checkpoint written (rank 0), the last step and the last validation metrics.
+    Returns the last checkpoint written (rank 0), the last step and the last validation metrics. Raises
+    ``TrainingInterrupted`` after saving when ``preemption`` saw SIGINT/SIGTERM.
     """
     end = loop.stop_after or loop.max_steps
     batches = _forever(data.train)
     bar = progress_bar(loop, step, enabled=loop.progress and dist_info.is_main)  # steps, or the time budget
     metrics: dict[str, float] = {}
     last_saved, metrics_step, tokens, started = None, -1, 0, time.perf_counter()  # metrics_step: when metrics were made
+    micro_batches, saved_at = loop.micro_batches(dist_info.world_size), started
     train_step.model.train()
     while step < end:
-        result = train_step([next(batches).to(device, non_blocking=True) for _ in range(loop.accumulate)], step + 1)
+        result = train_step([next(batches).to(device, non_blocking=True) for _ in range(micro_batches)], step + 1)
         if result is None:  # a non-finite step, dropped (train.nonfinite=skip)
             continue
         step += 1
@@ -288,16 +307,26 @@ def _loop(
             if metrics_log is not None:
                 metrics_log.write(step, metrics)
             log.info("step %d: %s", step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        if step % loop.save_every == 0 or step == end:
+        due = loop.save_every_minutes is not None and _out_of_time(saved_at, loop.save_every_minutes, dist_info, device)
+        saved = step % loop.save_every == 0 or step == end or due
+        if saved:
             last_saved, best = saver.save(step, metrics if metrics_step == step else {}, best)
+            saved_at = time.perf_counter()
+        signum = preemption.requested() if preemption is not None and step < end else None
+        if signum is not None:  # every rank agreed: save this step (if not just saved) and stop
+            if not saved:
+                last_saved, best = saver.save(step, metrics if metrics_step == step else {}, best)
+            bar.close()
+            raise TrainingInterrupted(signum, step, last_saved)
     bar.close()
     return last_saved, step, metrics
 
 
-def _log(metrics_log: MetricsLog, bar: tqdm, step: int, result: StepResult, lr: float, tokens_per_s: float) -> None:
-    record = {"loss": result.loss, "lr": lr, "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s}
+def _log(metrics_log: MetricsLog, bar: Progress, step: int, result: StepResult, lr: float, tokens_per_s: float) -> None:
+    rss = peak_rss_bytes() / 2**20
+    record = {"loss": result.loss, "lr": lr, "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s, "peak_rss_mb": rss}
     metrics_log.write(step, record)
-    bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}")
+    bar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:.0f}", rss=f"{rss:.0f}MB")
 
 
 class _Saver:
@@ -327,12 +356,13 @@ class _Saver:
         ranks = []
         if self.dist.enabled or self.sharded:
             ranks = all_gather_objects(RankState(capture_rng_state(), self.data.train.state_dict()), self.dist)[1:]
+        scaler = self.scaler.state_dict() if self.scaler is not None and self.scaler.is_enabled() else None
         if self.sharded:  # every rank writes its shards
             best = update_best(best, metrics, step=step, retention=self.retention)
             path = save_sharded_checkpoint(
                 self.run_dir, step=step, model=self.model, optimizer=self.optimizer, config=self.model_config,
                 scheduler=self.scheduler, data_state=self.data.train.state_dict(), metrics=metrics, best=best,
-                extra_files=self.extra_files, ranks=ranks,
+                extra_files=self.extra_files, ranks=ranks, scaler=scaler,
             )
             if self.dist.is_main:
                 rotate_checkpoints(self.run_dir, self.retention)
@@ -343,8 +373,7 @@ class _Saver:
         path = save_checkpoint(
             self.run_dir, step=step, model=self.model, config=self.model_config, optimizer=self.optimizer,
             scheduler=self.scheduler, data_state=self.data.train.state_dict(), metrics=metrics, best=best,
-            extra_files=self.extra_files, ranks=ranks,
-            scaler=self.scaler.state_dict() if self.scaler is not None and self.scaler.is_enabled() else None,
+            extra_files=self.extra_files, ranks=ranks, scaler=scaler,
         )
         rotate_checkpoints(self.run_dir, self.retention)
         return path, best
@@ -353,7 +382,7 @@ class _Saver:
 def _resume_point(run_dir: Path, resume: bool | str, *, sharded: bool = False) -> Checkpoint | None:
     """The checkpoint to continue from, or None to start fresh; ``sharded``: a DCP one (train.parallel=fsdp)."""
     def load(path: Path) -> Checkpoint:  # each checkpoint is verified (hashed) once, by the finder
-        return read_sharded_checkpoint(path) if sharded else load_checkpoint(path, verified=True)
+        return load_checkpoint(path, verified=True, sharded=sharded)
 
     if resume is False:
         if list_checkpoints(run_dir):
@@ -408,8 +437,8 @@ def _model_config(config: TrainConfig, data: TaskData, init: InitSource | None =
     with ``init`` and no ``preset`` / ``family``, the checkpoint's config with the section's fields over it."""
     section = config.model
     if init is not None and section.from_checkpoint:
-        overrides = dict(section.overrides)
-        if data.task == "classification" and "n_classes" not in overrides:
+        overrides = section.fixed_overrides()
+        if data.task == "classification" and section.classes_from_data:
             overrides["n_classes"] = data.n_classes  # a new head when the checkpoint has none or another size
         if data.task == "classification" and getattr(init.config, "mlm_head", False) and "mlm_head" not in overrides:
             overrides["mlm_head"] = False  # the masked-LM head is not trained by a classifier
@@ -417,7 +446,7 @@ def _model_config(config: TrainConfig, data: TaskData, init: InitSource | None =
     extra: dict[str, Any] = {}
     if data.src_tokenizer is not data.tgt_tokenizer and section.overrides.get("tgt_vocab_size") is None and data.task == "translation":
         extra = {"tgt_vocab_size": data.tgt_tokenizer.vocab_size, "share_embeddings": False}
-    if data.task == "classification" and section.overrides.get("n_classes") is None:
+    if data.task == "classification" and section.classes_from_data:
         extra["n_classes"] = data.n_classes
     model_config = build_model_config(section, vocab_size=data.src_tokenizer.vocab_size)
     return model_config.replace(**extra) if extra else model_config
@@ -434,6 +463,13 @@ def _check_lengths(config: TrainConfig, model_config: TransformerConfig) -> None
         return
     longest = config.data.block_size if config.data.task == "lm" else config.data.max_len
     name = "data.block_size" if config.data.task == "lm" else "data.max_len"
+    multiple = config.data.pad_to_multiple if config.data.task != "lm" else 1  # batches are padded up to this width
+    if padded_length(longest, multiple) > model_config.max_len >= longest:
+        raise ValueError(
+            f"data.max_len={longest} rounded up to data.pad_to_multiple={multiple} is {padded_length(longest, multiple)}, "
+            f"longer than model.max_len={model_config.max_len} (learned positions): lower data.max_len or "
+            "data.pad_to_multiple, or raise model.max_len"
+        )
     if longest > model_config.max_len:
         raise ValueError(
             f"{name}={longest} is longer than model.max_len={model_config.max_len} (learned positions): "

@@ -9,12 +9,18 @@ Label smoothing (section 5.4, eps = 0.1) uses ``F.cross_entropy``'s: the target 
 ``V - 2`` classes instead (neither the target nor padding); the two differ by a constant and a little
 mass on the padding class.
 
-Shapes: B batch, T target length, V vocabulary, C classes.
+The cross-entropy is chunked over rows (:class:`ChunkedCrossEntropy`): each chunk of logits is cast
+to fp32, reduced, and dropped, and the backward recomputes its softmax from the saved (maybe bf16)
+logits, so neither fp32 logits nor an fp32 log-softmax of the whole batch is ever held. It equals
+``F.cross_entropy`` (values and gradients, label smoothing and ignore_index; tests/training/test_losses.py).
+Under ``torch.compile`` the plain ``F.cross_entropy`` is used instead: Inductor fuses it itself.
+
+Shapes: B batch, T target length, V vocabulary, C classes, N rows.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +28,7 @@ from torch import Tensor
 
 from aiayn.data.batch import IGNORE_INDEX  # the one definition, beside the batches that carry it
 
-__all__ = ["TokenLoss", "label_smoothed_cross_entropy", "masked_lm_loss", "classification_loss", "IGNORE_INDEX"]
+__all__ = ["TokenLoss", "ChunkedCrossEntropy", "label_smoothed_cross_entropy", "masked_lm_loss", "classification_loss", "IGNORE_INDEX"]
 
 
 class TokenLoss(NamedTuple):
@@ -73,10 +79,69 @@ def _cross_entropy_sum(logits: Tensor, targets: Tensor, *, ignore_index: int, sm
         raise TypeError(f"targets must be an integer tensor, got dtype {targets.dtype}")
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+    count = (targets != ignore_index).sum()
+    if not torch.compiler.is_compiling():
+        return TokenLoss(ChunkedCrossEntropy.apply(logits, targets.long(), ignore_index, smoothing), count)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()  # log-softmax over a large vocabulary loses too much in 16 bits
     loss = F.cross_entropy(
         logits, targets.long(), ignore_index=ignore_index, label_smoothing=smoothing, reduction="sum"
     )
-    count = (targets != ignore_index).sum()
     return TokenLoss(loss, count)
+
+
+CHUNK_ELEMENTS = 2**20  # fp32 logits per chunk (4 MB, cache-sized); a row is never split
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """``apply(logits (N, V), targets (N,) long, ignore_index, smoothing)`` -> the summed loss (fp32, 0-dim),
+    ``F.cross_entropy(logits.float(), ..., reduction="sum")``'s value, a chunk of rows at a time.
+
+    Row ``i`` costs ``(1 - eps) * (lse_i - x_iy) + eps * (lse_i - mean_j x_ij)`` (the smoothed target puts
+    ``eps / V`` on every class); its gradient is ``softmax(x_i) - (1 - eps) * onehot(y_i) - eps / V``. Only
+    the per-row log-sum-exp (N fp32 values) is saved beside the logits; the gradient has their dtype.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, ignore_index: int, smoothing: float) -> Tensor:
+        n, vocab = logits.shape
+        wide = _wide(logits.dtype)
+        keep = targets != ignore_index  # (N,)
+        safe = targets.masked_fill(~keep, 0)[:, None]  # (N, 1): any class for ignored rows, masked below
+        lse = torch.empty(n, dtype=wide, device=logits.device)
+        total = torch.zeros((), dtype=wide, device=logits.device)
+        for rows in _chunks(n, vocab):
+            x = logits[rows].to(wide)  # (r, V): the only fp32 copy, one chunk
+            lse[rows] = torch.logsumexp(x, -1)
+            picked = x.gather(1, safe[rows]).squeeze(1)
+            per_row = lse[rows] - (1.0 - smoothing) * picked - (smoothing * x.mean(-1) if smoothing else 0.0)
+            total += torch.where(keep[rows], per_row, 0.0).sum()
+        ctx.save_for_backward(logits, safe, keep, lse)
+        ctx.smoothing = smoothing
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
+        logits, safe, keep, lse = ctx.saved_tensors
+        n, vocab = logits.shape
+        eps = ctx.smoothing
+        grad_logits = torch.empty_like(logits)
+        scale = torch.where(keep, grad.to(lse.dtype), 0.0)[:, None]  # (N, 1): ignored rows get no gradient
+        for rows in _chunks(n, vocab):
+            p = torch.exp(logits[rows].to(lse.dtype) - lse[rows, None])  # (r, V) softmax, recomputed
+            if eps:
+                p -= eps / vocab
+            p.scatter_add_(1, safe[rows], torch.full_like(safe[rows], -(1.0 - eps), dtype=p.dtype))
+            grad_logits[rows] = p * scale[rows]
+        return grad_logits, None, None, None
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the loss is reduced in: fp32 for 16-bit logits (a 16-bit log-softmax loses too much), else their own."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _chunks(n: int, vocab: int) -> list[slice]:
+    step = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    return [slice(start, min(start + step, n)) for start in range(0, n, step)]

@@ -1,16 +1,23 @@
-"""Where training numbers go: one JSON line per record (``metrics.jsonl``) and, if installed, TensorBoard."""
+"""Where training numbers go: one JSON line per record (``metrics.jsonl``) and, if installed, TensorBoard;
+and the process's peak resident memory, which every training record carries (``peak_rss_mb``)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 
-__all__ = ["MetricsLog", "METRICS_FILE", "read_metrics"]
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
+__all__ = ["MetricsLog", "METRICS_FILE", "read_metrics", "peak_rss_bytes"]
 
 METRICS_FILE = "metrics.jsonl"
 log = logging.getLogger(__name__)
@@ -58,3 +65,11 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"no metrics at {path}: is it a training run directory?")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held so far (``getrusage``'s ``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    if resource is None:  # Windows has no getrusage
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)

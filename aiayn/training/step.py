@@ -3,7 +3,9 @@
 The summed loss of ``accumulate`` micro-batches is normalised by the number of targets of the whole
 step (all micro-batches, all ranks), so that accumulation and data parallelism equal one big batch.
 A non-finite loss or gradient norm stops before the optimizer step (``nonfinite="raise"``) or drops
-the step (``"skip"``), decided the same on every rank.
+the step (``"skip"``), decided the same on every rank. With ``master`` (``train.precision: bf16-master``) the
+runner trains bf16 copies: their gradients go into the fp32 masters after each micro-batch, and the
+masters are cast into the copies after each optimizer step.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn
 
 from aiayn.training.distributed import DistInfo, all_reduce_sum, rank_values
 from aiayn.training.losses import TokenLoss
+from aiayn.training.master_weights import MasterWeights
 from aiayn.training.objectives import loss_count
 
 __all__ = ["TrainStep", "StepResult", "MAX_SKIPPED_IN_A_ROW"]
@@ -55,19 +58,21 @@ class TrainStep:
         dist_info: DistInfo = DistInfo(),
         device: torch.device = torch.device("cpu"),
         count: Callable[[Any], int] = loss_count,
+        master: MasterWeights | None = None,
     ) -> None:
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"nonfinite={nonfinite!r} must be one of ('raise', 'skip')")
         self.runner, self.model, self.optimizer, self.scheduler = runner, model, optimizer, scheduler
         self.grad_clip, self.nonfinite, self.autocast, self.count = grad_clip, nonfinite, autocast, count
         self.scaler = scaler if scaler is not None else torch.amp.GradScaler("cuda", enabled=False)
-        self.dist, self.device = dist_info, device
+        self.dist, self.device, self.master = dist_info, device, master
         self.skipped = 0  # non-finite steps skipped in a row
         self._local_loss = 0.0
 
     def __call__(self, micro: Sequence[Any], number: int) -> StepResult | None:
         """Step ``number`` (1-based, for messages) over the micro-batches ``micro``, already on the device."""
-        loss, targets = self._backward(micro)
+        with self.master.swapped() if self.master is not None else contextlib.nullcontext():
+            loss, targets = self._backward(micro)  # bf16-master: forward and backward (recomputation too) on the copies
         self.scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
@@ -82,6 +87,8 @@ class TrainStep:
         self.skipped = 0
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.master is not None:
+            self.master.update_copies()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -100,6 +107,8 @@ class TrainStep:
                 with self.autocast():
                     loss = self.runner(batch)
                 self.scaler.scale(loss.sum * (self.dist.world_size / targets)).backward()
+            if self.master is not None:
+                self.master.accumulate_grads()
             loss_sum += loss.sum.detach().float()
         self._local_loss = float(loss_sum)  # this rank's own, before the all-reduce (names a bad rank)
         return float(all_reduce_sum(loss_sum, self.dist)) / max(targets, 1.0), targets

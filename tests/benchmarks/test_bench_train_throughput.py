@@ -1,24 +1,16 @@
 """benchmarks/train_throughput.py --quick: both models train on a tiny shape and the table is printed."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from bench_scripts import load_benchmark
 
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_throughput.py"
-
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("bench_train_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("train_throughput")
 
 
 def test_quick_mode_times_both_models_in_both_dtypes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,3 +53,16 @@ def test_fp32_only_measures_no_bf16_peak(capsys: pytest.CaptureFixture[str], mon
     assert measured == [torch.float32]
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny | fp32 |")]
     assert len(row) == 1 and row[0].endswith("| n/a | n/a |")
+
+
+def test_master_weights_rows_and_the_auto_rule_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """bf16-master (ours: fp32 masters, bf16 copies; the peer: autocast) is timed beside bf16, the rule's pick is
+    checked against the faster one, and --loss own's chunked loss equals the shared one."""
+    bench = _load_script()
+    logits, targets = torch.randn(2, 5, 65), torch.randint(65, (2, 5))
+    torch.testing.assert_close(bench.own_loss(logits, targets), bench.shared_loss(logits, targets))
+    rows = bench.main(["--quick", "--dtypes", "bf16,bf16-master", "--loss", "own"])
+    assert [r.dtype for r in rows] == ["bf16", "bf16-master"] and all(r.ours_tokens_per_s > 0 for r in rows)
+    out = capsys.readouterr().out
+    assert "auto rule (0.0 M parameters vs MASTER_MIN_PARAMS 50 M): picks bf16; faster here: " in out
+    assert "| tiny | bf16-master |" in out

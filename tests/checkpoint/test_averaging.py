@@ -142,16 +142,16 @@ def test_a_model_field_missing_from_an_older_checkpoint_counts_as_its_default(tm
 
 
 def _count_hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    from aiayn.checkpoint import directory
+    from aiayn.checkpoint import atomic_io
 
     hashed: list[str] = []
-    real = directory._sha256
+    real = atomic_io.file_sha256
 
     def counting(file: Path) -> str:
         hashed.append(f"{file.parent.name}/{file.name}")
         return real(file)
 
-    monkeypatch.setattr(directory, "_sha256", counting)
+    monkeypatch.setattr(atomic_io, "file_sha256", counting)
     return hashed
 
 

@@ -410,3 +410,40 @@ class FamilyConfig:
 def test_a_config_with_its_own_to_dict_is_stored_with_it(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path, step=1, model=TinyModel(), config=FamilyConfig(), save_rng=False)
     assert load_checkpoint(path).config == {"family": "tiny", "d": 4}
+
+
+def test_a_sharded_save_writes_what_a_plain_one_does_and_resumes_the_scaler(tmp_path: Path) -> None:
+    """One writer for both kinds: the sharded save's trainer record holds fp16's scaler (it once did not),
+    its marker lists the DCP shards and the same files, and a resume puts the scale back."""
+    import torch.distributed as dist
+
+    from aiayn.checkpoint.sharded import save_sharded_checkpoint
+    from aiayn.training.loop import _restore_scaler
+
+    model, opt, sched = _setup(0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    common = dict(model=model, optimizer=opt, config=TinyConfig(), scheduler=sched, data_state={"pos": 3},
+                  metrics={"val_loss": 1.5}, best=None, extra_files=(), ranks=(), scaler=scaler.state_dict())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = save_sharded_checkpoint(tmp_path / "sharded", step=3, **common)
+    finally:
+        dist.destroy_process_group()
+    assert sharded is not None
+    plain = save_checkpoint(tmp_path / "plain", step=3, **common)
+    marker = json.loads((sharded / "COMPLETE").read_text())
+    assert marker["sharded"] == "dcp" and "dcp/.metadata" in marker["files"]
+    plain_files = set(json.loads((plain / "COMPLETE").read_text())["files"])
+    beside_shards = {n for n in marker["files"] if not n.startswith("dcp/")}
+    assert beside_shards == plain_files - {"model.safetensors", "optimizer.safetensors", "optimizer.json"}
+    assert (sharded / "trainer.json").read_bytes() == (plain / "trainer.json").read_bytes()
+
+    resumed = load_checkpoint(sharded, sharded=True)
+    assert resumed.trainer is not None and resumed.trainer.scaler == scaler.state_dict()
+    fresh = torch.amp.GradScaler("cpu")
+    _restore_scaler(fresh, resumed)
+    assert fresh.get_scale() == 2.0**10
+    with pytest.raises(ValueError, match="sharded .*DCP.* train.parallel=fsdp"):
+        load_checkpoint(sharded)
+    with pytest.raises(ValueError, match="plain checkpoint .* train.parallel=fsdp resumes only"):
+        load_checkpoint(plain, sharded=True)

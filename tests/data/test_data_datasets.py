@@ -117,11 +117,11 @@ def test_real_addresses_are_the_readme_ones() -> None:
     base = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
     assert m30k["test2016.de"].url == base + "test_2016_flickr.de.gz" and m30k["test2016.de"].gunzip
     assert m30k["train.en"].sha256 == "460a15fbd157e34a7a9957ee388c1ca247fe47af3ef25fb50442af6c274e0fc6"
-    assert set(DATASETS) == {"multi30k", "tinyshakespeare", "sst2"}
+    assert set(DATASETS) == {"multi30k", "tinyshakespeare", "sst2", "wmt14-en-de"}
 
 
 def test_unknown_names(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"unknown data set 'wmt14'; known data sets: \['multi30k', 'sst2', 'tinyshakespeare'\]"):
+    with pytest.raises(ValueError, match=r"unknown data set 'wmt14'; known data sets: \['multi30k', 'sst2', 'tinyshakespeare', 'wmt14-en-de'\]"):
         resolve_files("wmt14", "train")
     with pytest.raises(ValueError, match=r"sst2 has no split 'test'; valid splits: \['dev', 'train'\]"):
         load_sst2("test", data_dir=tmp_path)

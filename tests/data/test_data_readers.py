@@ -46,23 +46,30 @@ def test_empty_file(tmp_path) -> None:
 
 def test_tsv_classification(tmp_path) -> None:
     f = tmp_path / "train.tsv"
-    f.write_text("1\tgood film\n0\tbad\tfilm\n1\tfine\n", encoding="utf-8")
+    f.write_text("1\tgood film\n0\tbad film \n\n1\tfine\n", encoding="utf-8")
     data = read_classification(f)
-    assert data.texts == ["good film", "bad\tfilm", "fine"]
+    assert data.texts == ["good film", "bad film ", "fine"]  # the blank line is skipped; texts as written
     assert data.labels == [1, 0, 1] and data.label_names == ["0", "1"]
+
+
+def test_a_tsv_row_with_another_number_of_columns_names_its_line(tmp_path) -> None:
+    f = tmp_path / "train.tsv"
+    f.write_text("".join(f"{i % 2}\tsentence {i}\n" for i in range(56)) + "1\ttoo\tmany\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"train.tsv: line 57: 3 columns, expected 2 as in line 1; a tab inside a text"):
+        read_classification(f)
 
 
 def test_unknown_label_names_label_line_and_known_labels(tmp_path) -> None:
     f = tmp_path / "dev.tsv"
     f.write_text("1\tgood\n2\tweird\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"dev.tsv: line 2: unknown label '2'; known labels: \['0', '1'\]"):
+    with pytest.raises(DataError, match=r"dev.tsv: line 2: label '2' is unknown; known labels: \['0', '1'\]"):
         read_classification(f, label_names=["0", "1"])
 
 
 def test_tsv_line_without_tab(tmp_path) -> None:
     f = tmp_path / "x.tsv"
     f.write_text("1\tgood\nno tab here\n", encoding="utf-8")
-    with pytest.raises(DataError, match="line 2: expected 'label<TAB>text'"):
+    with pytest.raises(DataError, match="line 2: 1 columns, expected 2 as in line 1"):
         read_classification(f)
 
 
@@ -72,16 +79,17 @@ def test_csv_with_header_and_named_columns(tmp_path) -> None:
     data = read_classification(f, text_column="review", label_column="sentiment", label_names=["neg", "pos", "neutral"])
     assert data.texts == ["great, really", "multi\nline", "meh"]
     assert data.labels == [1, 0, 2]
-    with pytest.raises(DataError, match=r"line 5: unknown label 'neutral'"):
+    with pytest.raises(DataError, match=r"line 5: label 'neutral' is unknown"):
         read_classification(f, text_column="review", label_column="sentiment", label_names=["neg", "pos"])
-    with pytest.raises(DataError, match=r"missing column\(s\) \['sentence'\]"):
+    with pytest.raises(DataError, match=r"data.text_column: .*data.csv: no column 'text' or 'sentence' in the header "
+                                        r"\['id', 'review', 'sentiment'\]; set data.text_column to one of"):
         read_classification(f, label_column="sentiment")
 
 
 def test_classification_file_without_examples(tmp_path) -> None:
     f = tmp_path / "h.csv"
     f.write_text("label,sentence\n", encoding="utf-8")
-    with pytest.raises(DataError, match="no examples"):
+    with pytest.raises(DataError, match="no data rows"):
         read_classification(f)
 
 

@@ -34,7 +34,7 @@ def test_a_good_file_is_hashed_once_then_remembered(root, monkeypatch):
     note = json.loads((root / "multi30k" / "val.de.sha256").read_text())
     assert note["sha256"] == DATASETS["multi30k"].files["val.de"].sha256 and note["size"] == len(TEXT)
     calls = []
-    monkeypatch.setattr(verified, "_hash", lambda path: calls.append(path) or "x")
+    monkeypatch.setattr(verified, "file_sha256", lambda path: calls.append(path) or "x")
     resolve_files("multi30k", "val", data_dir=root, download=False)
     assert calls == []  # the note is current: no hashing
 

@@ -122,9 +122,9 @@ def test_stop_strings_end_a_row_after_the_text_appears():
 
 def test_generation_config_errors_name_field_and_value():
     for kwargs, match in [
-        ({"temperature": 0.0}, "temperature=0.0 must be > 0"),
+        ({"temperature": 0.0}, r"temperature=0.0 must be a finite number in \(0, 100\]"),
         ({"top_k": 0}, "top_k=0"),
-        ({"top_p": 1.5}, r"top_p=1.5 must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p=1.5 must be a finite number in \(0, 1\]"),
         ({"max_new_tokens": 0}, "max_new_tokens=0"),
         ({"min_new_tokens": 5, "max_new_tokens": 3}, "min_new_tokens=5 must be <= max_new_tokens=3"),
         ({"stop_strings": ("",)}, "stop_strings"),

@@ -7,7 +7,6 @@ import torch
 from decoding_helpers import gpt, random_rows
 
 from aiayn.decoding import CausalLMDecoder, GenerationConfig, generate, left_pad
-from aiayn.decoding.static import StaticCausalLMDecoder
 
 MAX_LEN, NEW = 8, 20
 
@@ -24,8 +23,8 @@ def recomputed(model, row, n):
 
 @pytest.mark.parametrize("make", [
     lambda m: CausalLMDecoder(m), lambda m: CausalLMDecoder(m, use_cache=False),
-    lambda m: CausalLMDecoder(m, static_cache=True), lambda m: StaticCausalLMDecoder(m),
-], ids=["cached", "uncached", "static-cache", "static-decoder"])
+    lambda m: CausalLMDecoder(m, static_cache=True),
+], ids=["cached", "uncached", "static-cache"])
 def test_window_equals_recomputing_the_last_max_len_tokens(make):
     model = gpt("learned", max_len=MAX_LEN)
     rows = random_rows([5, 2, 11])  # the last prompt is already longer than the positions
@@ -41,6 +40,6 @@ def test_extrapolating_positions_keep_the_whole_sequence(positions):
     config = GenerationConfig(max_new_tokens=NEW, greedy=True, eos_id=None)
     cached = generate(CausalLMDecoder(model), ids, mask, config).tokens
     uncached = generate(CausalLMDecoder(model, use_cache=False), ids, mask, config).tokens
-    static = generate(StaticCausalLMDecoder(model), ids, mask, config).tokens
+    static = generate(CausalLMDecoder(model, static_cache=True), ids, mask, config).tokens
     assert torch.equal(cached, uncached) and torch.equal(cached, static)
     assert CausalLMDecoder(model)._window is None  # no crop: every token stays in view

@@ -122,10 +122,12 @@ def test_evaluate_own_files_from_the_checkpoint_data_spec_into_the_run_dir(tmp_p
     its JSON into the run directory, and says so when it replaces an earlier result."""
     from loop_fixtures import translation_config
 
-    run = train(translation_config(tmp_path, steps=2))
+    config = translation_config(tmp_path, steps=2)
+    config.run_dir = str(tmp_path)  # the data inside the run directory: a model directory's paths are confined to it
+    run = train(config)
     args = ["evaluate", "--checkpoint", str(run.run_dir), "--split", "val", "--limit", "5", "--beam-size", "1"]
     assert main(args) == 0
-    out = run.run_dir / "eval-files-val.json"
+    out = run.run_dir / "eval-step-000002-files-val-limit5.json"  # named after the checkpoint, the split and the limit
     metrics = json.loads(out.read_text())
     assert metrics["dataset"] == "files" and metrics["task"] == "translation" and metrics["sentences"] == 5
     assert "replacing" not in capsys.readouterr().out
@@ -145,6 +147,7 @@ def test_evaluate_uses_the_data_dir_recorded_in_the_checkpoint(tmp_path, monkeyp
     config = lm_config(tmp_path, steps=1)
     config.data = type(config.data)(task="lm", dataset="tinyshakespeare", data_dir=str(data_dir), tokenizer="char",
                                     block_size=16, batch_size=4)
+    config.run_dir = str(tmp_path)  # data_dir inside the run directory: a model directory's paths are confined to it
     run = train(config)
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
@@ -180,7 +183,9 @@ def mlm_config(tmp_path: Path, steps: int = 2):
 def test_evaluate_an_mlm_checkpoint_reports_masked_token_metrics(tmp_path, capsys):
     """An MLM-only checkpoint has an untrained classifier head: evaluate reports MLM loss and accuracy,
     and classify refuses it."""
-    run = train(mlm_config(tmp_path))
+    config = mlm_config(tmp_path)
+    config.run_dir = str(tmp_path)  # the data inside the run directory: a model directory's paths are confined to it
+    run = train(config)
     out = tmp_path / "eval.json"
     assert main(["evaluate", "--checkpoint", str(run.run_dir), "--split", "val", "--out", str(out)]) == 0
     metrics = json.loads(out.read_text())

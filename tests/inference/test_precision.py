@@ -13,7 +13,6 @@ from aiayn.decoding import (
     left_pad,
     right_pad,
 )
-from aiayn.decoding.static import StaticCausalLMDecoder
 from aiayn.inference import cast_model, quantize_int8
 from aiayn.pretrained import load_pretrained, save_pretrained
 
@@ -51,7 +50,7 @@ def test_cached_equals_uncached_in_every_dtype_path(kind, path):
     feed = torch.randint(3, 64, (3, STEPS), generator=torch.Generator().manual_seed(1))
     if kind == "tiny-decoder-only":
         ids, mask = left_pad(rows)
-        decoders = [CausalLMDecoder(model), StaticCausalLMDecoder(model), CausalLMDecoder(model, use_cache=False)]
+        decoders = [CausalLMDecoder(model), CausalLMDecoder(model, static_cache=True), CausalLMDecoder(model, use_cache=False)]
     else:
         ids, mask = right_pad(rows)
         decoders = [Seq2SeqDecoder(model), Seq2SeqDecoder(model, use_cache=False)]

@@ -81,7 +81,7 @@ def test_a_build_without_the_kernel_is_refused_before_loading(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize(("argument", "value", "message"), [
-    ("quantize", "int4", "quantize must be one of none, int8, got 'int4'"),
+    ("quantize", "int3", "quantize must be one of none, int8, int4, int4-g64, int4-g128, got 'int3'"),
     ("dtype", "float64", "dtype must be one of float32, bfloat16, float16, got 'float64'"),
 ])
 def test_unknown_choices_are_named(tmp_path, argument, value, message):

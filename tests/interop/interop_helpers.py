@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -143,3 +147,61 @@ def greedy(model: nn.Module, src, src_mask, start: int, eos: int, pad: int, max_
         if bool(finished.all()):
             break
     return torch.cat(steps, dim=1), torch.stack(scores, dim=1)
+
+
+
+def assert_translations_equal_generate(directory, hf: nn.Module, texts: list[str], max_new_tokens: int = 10) -> None:
+    """``aiayn.load(directory)`` translates ``texts`` as ``hf.generate`` does on the same weights and text:
+    the HF tokenizer's source ids, greedy and beam 4 (length penalty 0 on both sides: raw log-probability),
+    token for token, through ``LoadedModel.translate``, ``aiayn translate`` and ``POST /v1/translations`` in process."""
+    import aiayn
+    from aiayn.cli.main import main
+    from aiayn.decoding.text import beam_config, source_ids
+    from aiayn.decoding.translate import translate_sentences
+
+    loaded = aiayn.load(directory)
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    sources = tok(texts)["input_ids"]
+    assert [source_ids(loaded.src_tokenizer, t) for t in texts] == sources  # BART <s> x </s>, Marian x </s>
+    assert loaded.special_ids.bos == hf.config.decoder_start_token_id
+    eos = hf.config.eos_token_id
+    with _translation_server(loaded) as server:
+        assert server.post("/tokenize", json={"prompt": texts[0]}).json()["tokens"] == sources[0]
+        for beams in (1, 4):
+            with torch.no_grad():
+                out = hf.generate(**tok(texts, return_tensors="pt", padding=True), num_beams=beams, do_sample=False,
+                                  max_new_tokens=max_new_tokens, length_penalty=0.0, early_stopping=True)
+            assert out[:, 0].tolist() == [hf.config.decoder_start_token_id] * len(texts)
+            theirs = [row[: row.index(eos) + 1] if eos in row else row for row in out[:, 1:].tolist()]
+            config = beam_config(loaded.tgt_tokenizer, beam_size=beams, length_penalty=0.0, max_new_tokens=max_new_tokens)
+            ours = translate_sentences([loaded.model], loaded.src_tokenizer, texts, config, tgt_tokenizer=loaded.tgt_tokenizer)
+            assert [h[0].tokens for h in ours] == theirs, f"num_beams={beams}"
+            text = [tok.decode(row, skip_special_tokens=True) for row in theirs]
+            assert loaded.translate(texts, beam_size=beams, length_penalty=0.0, max_new_tokens=max_new_tokens) == text
+            with redirect_stdout(io.StringIO()) as printed:  # aiayn translate (and evaluate): the same translate_sentences
+                argv = ["--beam-size", str(beams), "--length-penalty", "0", "--max-new-tokens", str(max_new_tokens), *texts]
+                assert main(["translate", "--checkpoint", str(directory), *argv]) == 0
+            assert printed.getvalue().splitlines() == text
+            r = server.post("/v1/translations", json={"text": texts, "beam_size": beams, "length_penalty": 0.0, "max_tokens": max_new_tokens})
+            assert r.status_code == 200, r.text
+            assert [c["text"] for c in r.json()["choices"]] == text, f"server, beam_size={beams}"
+            usage = r.json()["usage"]
+            assert (usage["prompt_tokens"], usage["completion_tokens"]) == (sum(map(len, sources)), sum(map(len, theirs)))
+
+
+@contextmanager
+def _translation_server(loaded) -> Iterator:
+    """A started in-process app serving ``loaded``, stopped on exit."""
+    import time
+
+    fastapi_testclient = pytest.importorskip("fastapi.testclient", reason="needs the serve extra (pip install aiayn[serve])")
+    from aiayn.serve.app import create_app
+    from aiayn.serve.loading import ServedModel
+
+    served = ServedModel(loaded.model, loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer, "m", loaded.labels)
+    with fastapi_testclient.TestClient(create_app(lambda: served, max_batch=4)) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline, client.get("/health").text
+            time.sleep(0.02)
+        yield client

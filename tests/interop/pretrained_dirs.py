@@ -1,8 +1,9 @@
 """Tiny Hugging Face model directories with their own tokenizers, built in the test (no download).
 
 Each directory is what ``save_pretrained`` writes for the model and for its tokenizer (BERT:
-WordPiece ``tokenizer.json``; GPT-2: byte-level BPE with ``<|endoftext|>``; Marian: ``source.spm``,
-``target.spm`` and ``vocab.json``), so the special ids are the checkpoint's own, not ours.
+WordPiece ``tokenizer.json``; GPT-2: byte-level BPE with ``<|endoftext|>``; BART: byte-level BPE with
+``<s> x </s>``; Marian: ``source.spm``, ``target.spm`` and ``vocab.json``), so the special ids are the
+checkpoint's own, not ours.
 """
 
 from __future__ import annotations
@@ -90,6 +91,29 @@ def gpt2_dir(path: Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>",
+    ).save_pretrained(path)
+    return path
+
+
+def bart_dir(path: Path, seed: int = 0) -> Path:
+    """BART's layout: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, ``<mask>`` 4, byte-level BPE, and its
+    template (``RobertaProcessing``: a source is ``<s> x </s>``); decoding starts from ``</s>``."""
+    from interop_helpers import bart
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(SENTENCES * 4, trainer=trainer)
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), add_prefix_space=False)
+    model = bart(seed, vocab_size=tok.get_vocab_size(), pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                 encoder_layers=1, decoder_layers=1)
+    model.save_pretrained(path)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>", mask_token="<mask>",
     ).save_pretrained(path)
     return path
 

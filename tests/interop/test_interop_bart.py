@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from interop_helpers import (
     EOS,
     PAD,
     assert_close_where,
     assert_state_dicts_equal,
+    assert_translations_equal_generate,
     bart,
     greedy,
     record_layer_outputs,
@@ -17,10 +17,12 @@ from interop_helpers import (
     token_ids,
     transformers,
 )
+from pretrained_dirs import SENTENCES, bart_dir
 
 from aiayn.interop import ConfigError, load_hf, save_hf, to_hf
 from aiayn.models.config import EncoderDecoderConfig
 from aiayn.models.encoder_decoder import EncoderDecoder
+from aiayn.tokenization.special import BOS_ID, EOS_ID
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +92,13 @@ def test_greedy_decoding_matches_generate(pair):
     assert_close_where(logits, torch.stack(theirs.logits, dim=1), what="step logits")
 
 
+def test_translations_of_a_bart_directory_equal_generate(tmp_path):
+    """Decoding starts from decoder_start_token_id (</s>, not <s>) and a source is <s> x </s>, as in transformers."""
+    directory = bart_dir(tmp_path)
+    hf = transformers.BartForConditionalGeneration.from_pretrained(directory).eval()
+    assert_translations_equal_generate(directory, hf, SENTENCES[:4])
+
+
 @torch.no_grad()
 def test_a_nonzero_final_logits_bias_is_our_output_bias():
     hf = bart(seed=1)
@@ -130,6 +139,8 @@ def test_our_model_exports_to_transformers(tmp_path, output_bias):
         ours.output.bias.normal_()
     assert save_hf(tmp_path, ours).architecture == "BartForConditionalGeneration"
     hf = transformers.BartForConditionalGeneration.from_pretrained(tmp_path).eval()
+    # generate() starts from our BOS, as ours decodes, and forces no EOS ours would not emit
+    assert (hf.config.decoder_start_token_id, hf.config.eos_token_id, hf.config.forced_eos_token_id) == (BOS_ID, EOS_ID, None)
     src, src_mask = right_padded(token_ids(2, 9, seed=10, high=60), [9, 4], pad=0)
     tgt = token_ids(2, 6, seed=11)
     assert_close_where(ours(src, tgt), hf(input_ids=src, attention_mask=src_mask.long(), decoder_input_ids=tgt).logits)

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 import torch
-
 from interop_helpers import (
     EOS,
     PAD,
     assert_close_where,
     assert_state_dicts_equal,
+    assert_translations_equal_generate,
     greedy,
     marian,
     record_layer_outputs,
@@ -19,6 +19,7 @@ from interop_helpers import (
     token_ids,
     transformers,
 )
+from pretrained_dirs import GERMAN, marian_dir
 
 from aiayn.interop import ConfigError, KeyMapError, load_hf, save_hf, to_hf
 from aiayn.interop.bart_family import output_bias_rule
@@ -111,6 +112,13 @@ def test_greedy_decoding_matches_generate(pair):
     assert tokens.tolist() == theirs.sequences[:, 1:].tolist()
     # random tiny models repeat tokens quickly, so also compare every step's logits (the cached decoder path)
     assert_close_where(logits, torch.stack(theirs.logits, dim=1), what="step logits")
+
+
+def test_translations_of_a_marian_directory_equal_generate(tmp_path):
+    """Decoding starts from decoder_start_token_id (the pad) and a source is x </s>, as in transformers."""
+    directory = marian_dir(tmp_path)
+    hf = transformers.MarianMTModel.from_pretrained(directory).eval()
+    assert_translations_equal_generate(directory, hf, GERMAN[:4])
 
 
 def test_round_trip_is_bit_exact(pair, tmp_path):

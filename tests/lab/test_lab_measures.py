@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from aiayn.lab.scaling import measure
@@ -20,14 +21,23 @@ def test_unscaled_scores_have_variance_d_k_and_saturate():
     assert 0 <= unscaled["entropy"] < scaled["entropy"] <= 1
 
 
-def test_softmax_gradient_formula():
-    # dL/ds for L = g . softmax(s) is p * (g - p . g): what the lab measures through autograd
-    s = torch.randn(5, requires_grad=True)
-    g = torch.randn(5)
-    p = torch.softmax(s, -1)
-    (p * g).sum().backward()
-    expected = p.detach() * (g - (p.detach() * g).sum())
-    assert torch.allclose(s.grad, expected, atol=1e-6)
+@pytest.mark.parametrize("scaled", [True, False])
+def test_measure_takes_the_softmax_gradient_of_the_scores_it_draws(scaled):
+    """The lab's numbers against their closed forms on the same draws: the scores q.k (over sqrt(d_k) when
+    scaled), and the gradient with respect to them, p * (g - p.g) (of the scaled scores, not the raw ones)."""
+    d_k, rows, keys = 64, 8, 16
+    got = measure(d_k, rows=rows, keys=keys, scaled=scaled, generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(rows, d_k, generator=g), torch.randn(keys, d_k, generator=g)  # measure's draws, in order
+    scores = q @ k.T / (math.sqrt(d_k) if scaled else 1.0)
+    upstream = torch.randn(rows, keys, generator=g)
+    p = torch.softmax(scores, -1)
+    grad = p * (upstream - (p * upstream).sum(-1, keepdim=True))
+    entropy = -(p * p.log()).sum(-1) / math.log(keys)
+    expected = {"score_var": scores.var(), "max_prob": p.max(-1).values.mean(), "entropy": entropy.mean(),
+                "grad_norm": grad.norm(dim=-1).mean(), "grad_norm_median": grad.norm(dim=-1).median()}
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(float(value), rel=1e-4, abs=1e-7), name
 
 
 def test_synthetic_language_reorders_and_pads():

@@ -6,8 +6,9 @@ import pytest
 
 from aiayn.cli.main import main
 from aiayn.lab import LABS, run_lab
-
-VERDICTS = {"confirmed", "partly confirmed", "not confirmed"}
+from aiayn.lab.common import VERDICTS, verdict_of
+from aiayn.lab.positions import extrapolation_verdict
+from aiayn.lab.prenorm import warmup_verdict
 
 
 def _assert_png(path):
@@ -22,6 +23,8 @@ def _assert_png(path):
 def test_quick_lab(name, tmp_path):
     result = run_lab(name, quick=True, out_dir=tmp_path, seed=0)
     assert result.name == name and result.verdict in VERDICTS
+    if "checks" in result.numbers:  # the verdict follows from the checks it reports
+        assert result.verdict == verdict_of(result.numbers["checks"].values())
     assert result.claim and result.summary and result.numbers
     _assert_png(result.plot)
     assert result.plot == tmp_path / f"lab_{name}.png"
@@ -41,6 +44,33 @@ def test_cli_writes_json(tmp_path, capsys):
     data = json.loads((tmp_path / "lab_scaling.json").read_text())
     assert data["verdict"] in VERDICTS and data["name"] == "scaling" and data["quick"] is True
     assert "lab scaling (QUICK RUN, NOT CONCLUSIVE" in capsys.readouterr().out
+
+
+def test_a_verdict_counts_the_checks_that_hold():
+    assert [verdict_of(c) for c in ([True, True], [True, False], [False, True], [False, False])] == [
+        "confirmed", "partly confirmed", "partly confirmed", "not confirmed"]
+
+
+@pytest.mark.parametrize(("sinusoidal", "learned", "verdict"), [
+    (0.90, 0.49, "confirmed"),
+    (0.89, 0.49, "partly confirmed"),  # sinusoids under 90%, still 40 points ahead
+    (0.90, 0.50, "partly confirmed"),  # learned positions reach 50%
+    (0.61, 0.49, "partly confirmed"),
+    (0.58, 0.49, "not confirmed"),  # under 10 points ahead
+])
+def test_the_positions_verdict_on_both_sides_of_its_thresholds(sinusoidal, learned, verdict):
+    assert extrapolation_verdict(sinusoidal, learned) == verdict
+
+
+@pytest.mark.parametrize(("pre", "post", "verdict"), [
+    (0.90, 0.89, "confirmed"),  # TRAINS = 0.9
+    (0.89, 0.50, "partly confirmed"),  # neither trains, Pre-LN far ahead
+    (0.90, 0.90, "not confirmed"),  # both train
+    (0.85, 0.80, "not confirmed"),  # neither trains, Pre-LN under 10 points ahead
+    (0.50, 0.95, "not confirmed"),
+])
+def test_the_prenorm_verdict_on_both_sides_of_its_thresholds(pre, post, verdict):
+    assert warmup_verdict(pre, post) == verdict
 
 
 def test_a_full_run_states_its_verdict_plainly():

@@ -64,5 +64,5 @@ def test_json_round_trip(config):
 def test_from_dict_errors():
     with pytest.raises(ValueError, match=r"family must be one of \['decoder-only', 'encoder-decoder', 'encoder-only'\], got 'gpt'"):
         config_from_dict({"family": "gpt"})
-    with pytest.raises(ValueError, match=r"unknown DecoderOnlyConfig field 'nlayers' \(did you mean 'n_layers'\?\)"):
+    with pytest.raises(ValueError, match=r"unknown key 'nlayers' for DecoderOnlyConfig \(did you mean 'n_layers'\?\)"):
         config_from_dict({"family": "decoder-only", "vocab_size": 5, "nlayers": 2})

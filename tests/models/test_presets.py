@@ -43,7 +43,7 @@ def test_unknown_preset_lists_valid_ones():
 
 
 def test_unknown_override_suggests_closest():
-    with pytest.raises(ValueError, match=r"unknown EncoderDecoderConfig field 'd_modle' \(did you mean 'd_model'\?\)"):
+    with pytest.raises(ValueError, match=r"unknown key 'd_modle' for EncoderDecoderConfig \(did you mean 'd_model'\?\)"):
         preset("paper-base", d_modle=256)
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn.nn.cache import LayerCache
+from aiayn.nn.cache import LayerCache, StaticLayerCache
 from aiayn.nn.masks import attention_mask, causal_mask, padding_mask_from_lengths
 from aiayn.nn.multihead import MultiHeadAttention
 
@@ -75,10 +75,13 @@ def test_cache_equals_full_pass():
     cache = LayerCache()
     steps = [mha(x[:, i : i + 1], causal=True, cache=cache)[0] for i in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
-    static = LayerCache(max_len=6)
+    static = StaticLayerCache(8)  # columns 6 and 7 stay unwritten: the cache's own mask hides them
     first, _ = mha(x[:, :4], causal=True, cache=static)
     last, _ = mha(x[:, 4:], causal=True, cache=static)
     torch.testing.assert_close(torch.cat([first, last], 1), full, atol=1e-5, rtol=1e-5)
+    assert static.k.shape[2] == 8 and static.length == 6
+    with pytest.raises(ValueError, match="static cache holds max_len=8 positions, asked for 9"):
+        mha(x[:, :3], causal=True, cache=static)
 
 
 def test_gqa_validation_names_fields():

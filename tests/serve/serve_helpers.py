@@ -10,16 +10,18 @@ import torch
 
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.generation import STOP_EOS, generate
-from aiayn.decoding.sampling import GenerationConfig
+from aiayn.decoding.text import generation_config, prompt_ids
 from aiayn.serve.loading import ServedModel
 
 
-def reference_completion(served: ServedModel, prompt: str, max_tokens: int, seed: int, temperature: float = 1.0, top_p: float = 1.0) -> tuple[str, str]:
-    """``generate`` in process, alone: the text and finish reason the server must return for this request."""
-    ids = torch.tensor([served.src_tokenizer.encode(prompt)])
+def reference_completion(served: ServedModel, prompt: str, max_tokens: int, seed: int, temperature: float = 1.0, top_p: float = 1.0,
+                         top_k: int | None = None) -> tuple[str, str]:
+    """``generate`` in process, alone, as ``aiayn.load(...).generate`` runs it (the tokenizer's EOS): the
+    text and finish reason the server must return for this request."""
+    ids = torch.tensor([prompt_ids(served.src_tokenizer, prompt)])
     greedy = temperature == 0
-    config = GenerationConfig(max_new_tokens=max_tokens, greedy=greedy, temperature=1.0 if greedy else temperature,
-                              top_p=None if top_p == 1 else top_p)
+    config = generation_config(served.tgt_tokenizer, max_new_tokens=max_tokens, greedy=greedy, temperature=1.0 if greedy else temperature,
+                               top_p=None if top_p == 1 else top_p, top_k=top_k)
     out = generate(CausalLMDecoder(served.model), ids, None, config, generator=torch.Generator().manual_seed(seed))
     tokens = out.sequences()[0]
     eos = out.stop_reasons[0] == STOP_EOS

@@ -77,6 +77,7 @@ def test_language_model_streams_into_the_page(serve, browser, tmp_path, tokenize
     browser.get(server.url + "/")
     WebDriverWait(browser, 20).until(state_is(browser, "ready"))
     assert browser.find_element(By.ID, "lm").is_displayed() and not browser.find_element(By.ID, "mt").is_displayed()
+    assert browser.find_element(By.ID, "max_tokens").get_attribute("value") == "64"  # from /v1/models: not past the context
     browser.find_element(By.ID, "prompt").send_keys("the cat")
     set_value(browser, "temperature", 0.7)
     set_value(browser, "top_p", 0.9)
@@ -125,4 +126,19 @@ def test_classifier_probabilities(serve, browser, tokenizer):
     WebDriverWait(browser, 30).until(state_is(browser, "done", "error"))
     shown = [float(p.text) for p in browser.find_elements(By.CSS_SELECTOR, "#probs .bar .p")]
     expected = httpx.post(server.url + "/v1/classifications", json={"input": "the dog ran"}).json()["data"][0]["probs"]
-    assert shown == pytest.approx(expected, abs=1e-4) and len(shown) == 3
+    assert shown == pytest.approx(list(expected.values()), abs=1e-4) and len(shown) == 3
+    names = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#probs .bar .name")]
+    assert names == list(expected) == ["0", "1", "2"]  # a checkpoint without class names: the indices, as in Python
+    assert browser.find_element(By.ID, "fill").is_displayed()  # a masked-LM head and a mask token: fill-mask is listed
+    # an encoder serves embeddings: the page shows the cosine similarity of two sentences, as the endpoint gives
+    assert browser.find_element(By.ID, "similar").is_displayed()
+    browser.find_element(By.ID, "other").send_keys("a cat sat")
+    browser.find_element(By.ID, "compare").click()
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "similarity").text or d.find_element(By.ID, "enc-error").text)
+    assert browser.find_element(By.ID, "enc-error").text == ""
+    import torch
+
+    vectors = httpx.post(server.url + "/v1/embeddings", json={"input": ["the dog ran", "a cat sat"]}).json()["data"]
+    a, b = (torch.tensor(v["embedding"], dtype=torch.float64) for v in vectors)
+    cosine = float(a @ b / (a.norm() * b.norm()))
+    assert browser.find_element(By.ID, "similarity").text == f"cosine similarity {cosine:.4f}"

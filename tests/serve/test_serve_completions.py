@@ -87,14 +87,19 @@ def test_logit_bias(lm_server, tokenizer):
 
 
 @pytest.mark.parametrize("kwargs, param, words", [
-    ({"max_tokens": 0}, "max_tokens", ["0", "greater than 0"]),
-    ({"max_tokens": 500}, "max_tokens", ["500", "context", "<= 60"]),
-    ({"prompt": ""}, "prompt", ["empty"]),
-    ({"temperature": -0.5}, "temperature", ["-0.5", "greater than or equal to 0"]),
-    ({"top_p": 0}, "top_p", ["0", "greater than 0"]),
-    ({"top_p": 1.5}, "top_p", ["1.5", "less than or equal to 1"]),
-    ({"n": 2}, "n", ["n=2", "not supported"]),
-    ({"logprobs": 3}, "logprobs", ["logprobs=3", "not supported"]),
+    ({"max_tokens": 0}, "max_tokens", ["max_tokens=0", "echo"]),
+    ({"max_tokens": 70000}, "max_tokens", ["70000", "budget of 65536 tokens"]),
+    ({"n": 3, "max_tokens": 30000}, "max_tokens", ["90000", "n/best_of=3", "budget of 65536"]),
+    ({"prompt": []}, "prompt", ["empty"]),
+    ({"prompt": [[1, 2], [3, 99999]]}, "prompt[1][1]", ["99999", "outside the vocabulary", "0.."]),
+    ({"temperature": -0.5}, "temperature", ["temperature=-0.5", "temperature 0"]),
+    ({"top_p": 0}, "top_p", ["top_p=0", "(0, 1]"]),
+    ({"top_p": 1.5}, "top_p", ["top_p=1.5", "(0, 1]"]),
+    ({"extra_body": {"top_k": 0}}, "top_k", ["top_k=0", ">= 1"]),
+    ({"presence_penalty": 3}, "presence_penalty", ["presence_penalty=3", "[-2, 2]"]),
+    ({"logprobs": 21}, "logprobs", ["logprobs=21", "at most 20"]),
+    ({"n": 2, "best_of": 1}, "best_of", ["best_of=1", ">= n=2"]),
+    ({"n": 21}, "n", ["21", "less than or equal to 20"]),
     ({"extra_body": {"colour": "red"}}, "colour", ["unknown field", "colour"]),
 ])
 def test_bad_fields_get_400_naming_field_value_and_limit(lm_server, kwargs, param, words):

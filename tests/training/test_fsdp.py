@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint.sharded import is_sharded, read_sharded_checkpoint, read_sharded_model_state
+from aiayn.checkpoint.sharded import is_sharded, read_sharded_model_state
 from aiayn.checkpoint.state import load_checkpoint
 from aiayn.models.config import config_from_dict
 from aiayn.models.presets import model_class
@@ -48,7 +48,7 @@ def step_losses(run_dir: Path) -> dict[int, float]:
 
 def sharded_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The whole model of a sharded checkpoint, read in this process (no process group)."""
-    cfg = config_from_dict(read_sharded_checkpoint(checkpoint).config)
+    cfg = config_from_dict(load_checkpoint(checkpoint, sharded=True).config)
     return read_sharded_model_state(checkpoint, model_class(cfg)(cfg))
 
 
@@ -147,6 +147,6 @@ def test_muon_with_fsdp_is_refused(tmp_path):
 def test_a_plain_checkpoint_is_not_read_as_sharded(tmp_path):
     result = train(translation_config(tmp_path, steps=2, dropout=0.0, save_every=2))
     with pytest.raises(ValueError, match="plain checkpoint .* train.parallel=fsdp resumes only"):
-        read_sharded_checkpoint(result.last_checkpoint)
+        load_checkpoint(result.last_checkpoint, sharded=True)
     assert not is_sharded(result.last_checkpoint)
     load_checkpoint(result.last_checkpoint)  # and it still loads as what it is

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from aiayn.training.metrics_log import MetricsLog, read_metrics
+from aiayn.training.metrics_log import MetricsLog, peak_rss_bytes, read_metrics
 
 
 def test_jsonl_records_and_resume_truncation(tmp_path):
@@ -39,3 +40,13 @@ def test_tensorboard_events_hold_the_finite_scalars(tmp_path):
 def test_missing_metrics_say_what_was_expected(tmp_path):
     with pytest.raises(FileNotFoundError, match="is it a training run directory"):
         read_metrics(tmp_path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident size from /proc (Linux)")
+def test_peak_rss_is_getrusages_peak_in_bytes_and_at_least_the_resident_size_now():
+    import resource
+
+    rss_now = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+    peak = peak_rss_bytes()
+    assert peak >= rss_now - 16 * 2**20 > 0  # the resident size may have grown a little between the two reads
+    assert abs(peak - resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) <= 16 * 2**20  # KiB on Linux

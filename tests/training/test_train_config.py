@@ -47,8 +47,8 @@ def test_absent_keys_keep_the_preset_and_the_section_round_trips():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"preset": "tiny-decoder-only", "n_layer": 2}, ValueError, r"unknown key 'model.n_layer' \(did you mean 'model.n_layers'\?\)"),
-        ({"preset": "tiny-decoder-only", "n_encoder_layers": 2}, ValueError, "unknown DecoderOnlyConfig field 'n_encoder_layers'"),
+        ({"preset": "tiny-decoder-only", "n_layer": 2}, ValueError, r"unknown key 'model.n_layer' for ModelSection \(did you mean 'model.n_layers'\?\); valid keys: preset, family, "),
+        ({"preset": "tiny-decoder-only", "n_encoder_layers": 2}, ValueError, "unknown key 'n_encoder_layers' for DecoderOnlyConfig"),
         ({"family": "decoder-only", "d_model": 30, "n_heads": 4}, ValueError, "d_model=30 must be divisible by n_heads=4"),
         ({"preset": "nope"}, ValueError, "unknown preset 'nope'"),
     ],

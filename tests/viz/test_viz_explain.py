@@ -85,7 +85,7 @@ def test_cli_config_file_and_overrides(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["config"]["n_layers"] == 3
     assert data["total_params"] == sum(p.numel() for p in build_model(preset("tiny-decoder-only", n_layers=3)).parameters())
-    with pytest.raises(SystemExit, match="unknown DecoderOnlyConfig field 'n_layer'"):
+    with pytest.raises(SystemExit, match="unknown key 'n_layer' for DecoderOnlyConfig"):
         main(["explain", "--config", str(config_file), "--set", "n_layer=3"])
     with pytest.raises(SystemExit, match="batch must be >= 1, got 0"):
         main(["explain", "--preset", "tiny-encoder-only", "--batch", "0"])

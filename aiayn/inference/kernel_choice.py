@@ -1,0 +1,150 @@
+"""Which kernel runs each Linear layer at inference, decided by timing the candidates on this machine.
+
+For one row (batch-1 decoding), MKL's sgemm through ``F.linear`` and oneDNN over a weight packed once
+trade places by CPU: oneDNN was 1.8x faster through GPT-2's output projection on an AVX2 AMD EPYC,
+MKL 1.36x faster for 768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked
+the winner on both, so :func:`choose_kernel` times both for each distinct shape, dtype and thread
+count, for one row and for several, keeps the faster, and caches the answer per CPU model, torch version and thread count in
+``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
+
+``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can
+pack) or ``plain`` (``F.linear`` everywhere).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.checkpoint.atomic_io import atomic_write_bytes
+
+__all__ = ["CHOICES", "ENV_VAR", "KERNELS", "cache_path", "choose_kernel", "kernel_mode", "log_choices", "machine_key"]
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "AIAYN_LINEAR_KERNEL"
+CHOICES = ("measure", "packed", "plain")
+KERNELS = ("packed", "plain", "packed-one-row", "packed-many-rows")
+MARGIN = 0.97  # packed must be 3% faster to be kept: it holds a second copy of the weight
+
+
+def kernel_mode() -> str:
+    """``$AIAYN_LINEAR_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value."""
+    mode = os.environ.get(ENV_VAR, "measure").strip().lower() or "measure"
+    if mode not in CHOICES:
+        raise ValueError(f"${ENV_VAR} must be one of {', '.join(CHOICES)}, got {os.environ[ENV_VAR]!r}")
+    return mode
+
+
+def cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "aiayn" / "kernels.json"
+
+
+def machine_key() -> str:
+    """What a timing depends on besides the shape: the CPU model, torch's version and the thread count."""
+    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def choose_kernel(weight: Tensor, rows: int = 8, *, timed: list[str] | None = None) -> str:
+    """Which kernel runs ``weight (out, in)`` here, measured once and cached: one of :data:`KERNELS`.
+
+    Both kernels are timed for one row (one-token decoding) and for ``rows`` rows (a batch, a prompt,
+    speculative verification; an encoder's batch x tokens), since the winner can differ between the two
+    (MKL fast for one row and many times slower for two, on some CPUs): ``packed`` where oneDNN wins both,
+    ``plain`` where F.linear does, else ``packed-one-row`` / ``packed-many-rows`` (oneDNN for that regime
+    only; :class:`~aiayn.inference.precision.PackedLinear` picks per call). ``timed``: gets a line for each
+    shape timed now (not read from the cache). Only called for weights oneDNN can pack (see
+    :func:`~aiayn.inference.precision.can_pack`)."""
+    mode = kernel_mode()
+    if mode != "measure":
+        return mode
+    shape = f"{weight.shape[1]}->{weight.shape[0]} {str(weight.dtype).removeprefix('torch.')} 1|{rows} rows"
+    path, key = cache_path(), machine_key()
+    table = _read(path)
+    known = table.get(key, {}).get(shape)
+    if known in KERNELS:
+        return str(known)
+    one = _time_both(weight, 1)
+    many = _time_both(weight, rows)
+    wins = [packed < MARGIN * plain for packed, plain in (one, many)]
+    choice = {(True, True): "packed", (True, False): "packed-one-row", (False, True): "packed-many-rows"}.get((wins[0], wins[1]), "plain")
+    line = (f"{shape}: oneDNN packed {one[0]:.3f} / {many[0]:.3f} ms, F.linear {one[1]:.3f} / {many[1]:.3f} ms "
+            f"(1 / {rows} rows) -> {choice}")
+    log.debug("Linear %s (%s)", line, key)
+    if timed is not None:
+        timed.append(line)
+    table = _read(path)  # another process may have written meanwhile
+    table.setdefault(key, {})[shape] = choice
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(table, indent=1, sort_keys=True).encode())
+    except OSError as err:  # a read-only home: choose again next time
+        log.warning("could not cache the kernel choice in %s: %s", path, err)
+    return choice
+
+
+def _read(path: Path) -> dict:
+    """The cache, or ``{}`` when absent; a corrupt one is ignored with a warning (and rewritten)."""
+    try:
+        if not path.is_file():
+            return {}
+        if path.stat().st_size > 1 << 20:
+            raise ValueError(f"{path.stat().st_size} bytes, more than the 1 MiB a kernel cache can need")
+        table = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+            raise ValueError("not an object of objects")
+        return table
+    except (OSError, ValueError) as err:
+        log.warning("ignoring the corrupt kernel-choice cache %s (%s); it will be rebuilt", path, err)
+        return {}
+
+
+def _time_both(weight: Tensor, rows: int = 1, rounds: int = 7) -> tuple[float, float]:
+    """Milliseconds a call of ``rows`` rows through (packed, plain): the fastest single call of ``rounds``
+    interleaved rounds (another process taking the core only ever adds time, so the minimum is the kernel's own)."""
+    w = weight.detach()
+    calls = max(2, min(16, int(4e6 // (w.numel() * rows))))  # ~0.1 s in all for GPT-2's output projection
+    x = torch.randn(rows, w.shape[1], dtype=w.dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+    runs = {
+        "packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+        "plain": lambda: F.linear(x, w),
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.no_grad():
+        for fn in runs.values():  # warm-up: first-call allocations, oneDNN's primitive cache
+            fn()
+            fn()
+        for r in range(rounds):
+            for name in (("packed", "plain") if r % 2 == 0 else ("plain", "packed")):
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    runs[name]()
+                    times[name].append((time.perf_counter() - start) * 1e3)
+    return min(times["packed"]), min(times["plain"])
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def log_choices(timed: list[str]) -> None:
+    """One INFO line for the shapes a load timed (none when every choice came from the cache)."""
+    if timed:
+        log.info("Linear kernels timed on this machine (%s), cached in %s ($%s overrides): %s",
+                 machine_key(), cache_path(), ENV_VAR, "; ".join(timed))

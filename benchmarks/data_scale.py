@@ -1,0 +1,178 @@
+"""Does the prepared-shard data path hold at WMT14's scale? On a synthetic corpus of N pairs (default 4.5M,
+Multi30k's 29k English-German pairs repeated in a new order each time):
+
+- the time and peak RSS of ``aiayn prepare`` (learning a shared BPE of 37000 ids, tokenizing, writing shards);
+- the RSS of a training process over the data (shards opened, batch plan made, batches read) on N pairs
+  against Multi30k's 29k pairs, and the time from opening the shards to the end of the first base-model step;
+- the batches/s the loader gives (the recipe's micro-batches: 3125 tokens a side), against a base-model step:
+  measured here on the CPU, and estimated for one H200 (an estimate, stated with its assumptions).
+
+Each measurement runs in a fresh process, so that peaks are its own. A --pairs of 100000 checks the
+script in a minute or two.
+
+    nice -n 10 python benchmarks/data_scale.py --data-dir ../shared/data --work /tmp/data_scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_TOKENS = 3125  # the recipe's micro-batch: 25000 tokens a side over 8 micro-batches
+# The paper's base model: 100k steps in 12 hours on 8 P100s (section 5.2), one 3125-token micro-batch per GPU a step.
+PAPER_STEP_S = 12 * 3600 / 100_000
+H200_BF16_FLOPS, ASSUMED_MFU = 790e12, 0.3  # dense bf16 peak; the fraction a 3125-token micro-batch is assumed to reach
+PLANNED_STEP_S = 0.03  # the step docs/training.md plans for on an H200 (launch-bound: 20-40 ms)
+
+
+def memory() -> dict[str, int]:
+    """This process's VmHWM (peak), VmRSS, RssAnon and RssFile in MB, from /proc/self/status (Linux)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0]) // 1024
+    return out
+
+
+def make_corpus(data_dir: Path, work: Path, pairs: int) -> tuple[Path, Path]:
+    """``corpus.en`` / ``corpus.de``: Multi30k train pairs, repeated in a fresh shuffled order until ``pairs``."""
+    en_path, de_path = work / f"corpus-{pairs}.en", work / f"corpus-{pairs}.de"
+    if en_path.is_file() and de_path.is_file():
+        return en_path, de_path
+    en = (data_dir / "multi30k" / "train.en").read_text(encoding="utf-8").splitlines()
+    de = (data_dir / "multi30k" / "train.de").read_text(encoding="utf-8").splitlines()
+    rng = random.Random(0)
+    with open(en_path, "w", encoding="utf-8") as fe, open(de_path, "w", encoding="utf-8") as fd:
+        left = pairs
+        while left:
+            order = list(range(len(en)))
+            rng.shuffle(order)
+            order = order[:left]
+            fe.write("".join(en[i] + "\n" for i in order))
+            fd.write("".join(de[i] + "\n" for i in order))
+            left -= len(order)
+    return en_path, de_path
+
+
+def child(args: list[str]) -> dict:
+    """Run this script's ``args`` in a fresh process; its last stdout line is its JSON result."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env, check=False)
+    if out.returncode:
+        raise SystemExit(f"{args[0]} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_prepare(src: str, tgt: str, val_src: str, val_tgt: str, out: str, tokenizer: str) -> None:
+    from aiayn.data.prepared import PrepareSettings, prepare
+
+    started = time.perf_counter()
+    settings = PrepareSettings(vocab_size=37_000, tokenizer=tokenizer or None)
+    prepare(out, {"train": (Path(src), Path(tgt)), "val": (Path(val_src), Path(val_tgt))}, settings)
+    print(json.dumps({"seconds": round(time.perf_counter() - started, 1), **memory()}))
+
+
+def run_train(prepared: str, batches: int, step: bool) -> None:
+    """Open the shards, take the first batch, time the loader; with ``step``, then one base-model training step."""
+    import torch
+
+    from aiayn.models.presets import build_model
+    from aiayn.training.config import DataSection
+    from aiayn.training.objectives import Objective
+    from aiayn.training.tasks import build_task_data
+
+    before = memory()
+    started = time.perf_counter()
+    data = build_task_data(DataSection(task="translation", prepared=prepared, max_len=256, max_tokens=MAX_TOKENS), seed=0)
+    loader = (batch for _ in iter(int, 1) for batch in data.train)  # epoch after epoch, as the training loop reads it
+    batch = next(loader)  # the epoch's batch plan is made here
+    data_s = time.perf_counter() - started
+    timed = time.perf_counter()
+    for _ in range(batches):
+        next(loader)
+    loader_s = time.perf_counter() - timed
+    result = {
+        "pairs": len(data.train.dataset), "data_s": round(data_s, 2), "loader_batches_per_s": round(batches / loader_s, 1),
+        "sentences_per_batch": batch.batch_size, "rss_before_data": before, "rss_after_data": memory(),
+    }
+    if step:
+        model = build_model("paper-base", vocab_size=data.src_tokenizer.vocab_size)
+        objective = Objective(model, "translation", label_smoothing=0.1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        step_started = time.perf_counter()
+        loss = objective(batch)
+        (loss.sum / loss.count).backward()
+        optimizer.step()
+        result |= {"step_s": round(time.perf_counter() - step_started, 2),
+                   "first_step_s": round(data_s + time.perf_counter() - step_started, 2), "rss_after_step": memory()}
+    print(json.dumps(result))
+
+
+def base_micro_batch_flops(vocab: int, tokens: int) -> float:
+    """6 x (non-embedding parameters x source and target tokens + output projection x target tokens)."""
+    d, ff, layers = 512, 2048, 6
+    encoder = layers * (4 * d * d + 2 * d * ff)
+    decoder = layers * (8 * d * d + 2 * d * ff)
+    return 6 * (encoder * tokens + decoder * tokens + d * vocab * tokens)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", required=True, help="the data root holding multi30k/ (e.g. ../shared/data)")
+    p.add_argument("--work", default="/tmp/data_scale", help="where the corpus and shards go (about 2 GB at 4.5M pairs)")
+    p.add_argument("--pairs", type=int, default=4_500_000)
+    p.add_argument("--batches", type=int, default=300, help="loader batches to time")
+    args = p.parse_args()
+    work, data_dir = Path(args.work), Path(args.data_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores; python {platform.python_version()}", flush=True)
+    en, de = make_corpus(data_dir, work, args.pairs)
+    val = (str(data_dir / "multi30k" / "val.en"), str(data_dir / "multi30k" / "val.de"))
+    big, small = work / f"prepared-{args.pairs}", work / "prepared-29k"
+    prep = child(["_prepare", str(en), str(de), *val, str(big), ""])
+    print(json.dumps(prep), flush=True)
+    print(f"prepare {args.pairs} pairs: {prep['seconds']} s, peak RSS {prep['VmHWM']} MB", flush=True)
+    tokenizer = str(big / "tokenizer.json")  # the 29k shards get the same vocabulary, so the models match
+    child(["_prepare", str(data_dir / "multi30k" / "train.en"), str(data_dir / "multi30k" / "train.de"), *val, str(small), tokenizer])
+    runs = {"29k": child(["_train", str(small), str(args.batches), "0"]), "big": child(["_train", str(big), str(args.batches), "1"])}
+    for r in runs.values():
+        print(json.dumps(r), flush=True)  # the raw numbers, whatever the lines below make of them
+        rss = r["rss_after_data"]
+        print(f"training process on {r['pairs']} pairs: shards open + first batch {r['data_s']} s; after the data and "
+              f"{args.batches} batches: RSS {rss['VmRSS']} MB (anonymous {rss['RssAnon']}, file-backed {rss['RssFile']}), "
+              f"peak {rss['VmHWM']} MB (before the data: {r['rss_before_data']['VmRSS']} MB); loader "
+              f"{r['loader_batches_per_s']} batches/s of about {r['sentences_per_batch']} sentences", flush=True)
+    grown = runs["big"]["rss_after_data"]["VmHWM"] - runs["29k"]["rss_after_data"]["VmHWM"]
+    anon = runs["big"]["rss_after_data"]["RssAnon"] - runs["29k"]["rss_after_data"]["RssAnon"]
+    print(f"training RSS over the data, {args.pairs} pairs minus 29k: peak {grown:+d} MB, anonymous {anon:+d} MB")
+    big_run = runs["big"]
+    print(f"base model (paper-base), one step on {big_run['sentences_per_batch']} sentences here: {big_run['step_s']} s; "
+          f"the first step done {big_run['first_step_s']} s after opening the shards (model building excluded); "
+          f"peak RSS then {big_run['rss_after_step']['VmHWM']} MB")
+    vocab = json.loads((big / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    arithmetic = H200_BF16_FLOPS * ASSUMED_MFU / base_micro_batch_flops(vocab, MAX_TOKENS)
+    loader = big_run["loader_batches_per_s"]
+    print(f"a base-model micro-batch step, estimated: {1 / PAPER_STEP_S:.1f}/s on a P100 (the paper's rate); on an H200 "
+          f"{arithmetic:.0f}/s from the arithmetic (bf16 at {ASSUMED_MFU:.0%} of {H200_BF16_FLOPS / 1e12:.0f} TFLOP/s), "
+          f"{1 / PLANNED_STEP_S:.0f}/s at the {PLANNED_STEP_S * 1000:.0f} ms a step docs/training.md plans for (estimates)")
+    print(f"loader / H200 step rate: {loader / arithmetic:.1f}x (arithmetic), {loader * PLANNED_STEP_S:.1f}x (planned), "
+          "with one loader process; data.num_workers adds processes")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_prepare":
+        run_prepare(*sys.argv[2:8])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_train":
+        run_train(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
+    else:
+        main()

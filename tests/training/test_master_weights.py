@@ -1,0 +1,129 @@
+"""train.precision=bf16-master: bf16 copies of fp32 masters, cast once per step. It follows autocast's loss
+curve, keeps the masters fp32 (and tied weights tied), resumes bit for bit, and auto picks it by a rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+from loop_fixtures import lm_config, translation_config
+
+from aiayn import build_model
+from aiayn.checkpoint.weights import read_safetensors
+from aiayn.data import LMBatch
+from aiayn.training import precision as precision_module
+from aiayn.training.activation_checkpointing import apply_activation_checkpointing
+from aiayn.training.loop import train
+from aiayn.training.master_weights import MasterWeights
+from aiayn.training.metrics_log import read_metrics
+from aiayn.training.objectives import Objective
+from aiayn.training.optim import OptimConfig, build_optimizer
+from aiayn.training.precision import MASTER, MASTER_MIN_PARAMS, autocast_context, resolve_precision
+from aiayn.training.step import TrainStep
+
+CPU = torch.device("cpu")
+STEPS = 50
+TOLERANCE = 0.01  # relative, at every step (measured: under 0.1%): bf16 rounding, not a drift
+
+
+def _curve(precision: str, steps: int = STEPS, checkpointed: bool = False) -> list[float]:
+    """``steps`` AdamW steps of a tiny decoder-only model on fixed random windows, in ``precision``."""
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder-only", d_model=16, d_ff=32, n_heads=2, n_layers=1, vocab_size=24)
+    if checkpointed:
+        apply_activation_checkpointing(model)
+    optimizer = build_optimizer(model, OptimConfig(name="adamw", lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1))
+    objective = Objective(model, "lm")
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 24, (4, 8, 17), generator=g)  # 4 batches of 8 windows of 16 (+1)
+    data[..., 1::2] = data[..., 0::2][..., :8]  # a learnable pattern: every odd token repeats the one before
+    master = MasterWeights(model) if precision == MASTER else None
+    step = TrainStep(
+        objective, model, optimizer, grad_clip=1.0,
+        autocast=autocast_context("float32" if master else precision, CPU), master=master,
+    )
+    losses = []
+    for i in range(steps):
+        batch = data[i % 4]
+        result = step([LMBatch(input=batch[:, :-1], target=batch[:, 1:])], i + 1)
+        assert result is not None
+        losses.append(result.loss)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the masters stay fp32
+    return losses
+
+
+def test_master_weights_follow_autocasts_loss_curve():
+    autocast, master = _curve("bfloat16"), _curve(MASTER)
+    assert master[0] == pytest.approx(autocast[0], rel=1e-2)
+    for k, (a, m) in enumerate(zip(autocast, master)):
+        assert abs(m - a) <= TOLERANCE * a, f"step {k + 1}: bf16-master {m:.4f} vs autocast {a:.4f}"
+    assert master[-1] < master[0] - 0.5  # it learns (so the comparison is not of two flat lines)
+
+
+def test_activation_checkpointing_recomputes_on_the_copies():
+    """The backward runs while the copies are swapped in, so a recomputed block sees bf16 weights too."""
+    assert _curve(MASTER, steps=3, checkpointed=True) == _curve(MASTER, steps=3)
+
+
+def test_copies_follow_the_masters_and_tied_weights_stay_tied():
+    model = build_model("tiny-encoder-decoder", d_model=16, d_ff=32, n_heads=2, vocab_size=30)
+    tied = model.output.weight
+    assert tied is model.src_embed.weight
+    master = MasterWeights(model)
+    seen = {}
+    model.output.register_forward_pre_hook(lambda module, args: seen.update(dtype=module.weight.dtype))
+    ids = torch.randint(4, 30, (2, 5))
+    with master.swapped():
+        logits = model(ids, ids)
+    assert seen["dtype"] == torch.bfloat16 and logits.dtype == torch.bfloat16
+    assert model.output.weight is tied and model.src_embed.weight is tied and model.tgt_embed.weight is tied
+    logits.float().sum().backward()
+    master.accumulate_grads()
+    assert tied.grad is not None and tied.grad.dtype == torch.float32
+    assert all(c.grad is None for c in master.copies.values())
+    with torch.no_grad():
+        tied.add_(1.0)
+    master.update_copies()
+    assert torch.equal(master.copies["src_embed.weight"], tied.detach().bfloat16())
+
+
+def test_auto_rule_and_the_slow_cpu_warning(monkeypatch, caplog):
+    monkeypatch.setattr(precision_module, "native_bf16", lambda device: True)
+    assert resolve_precision("auto", CPU, n_params=MASTER_MIN_PARAMS, master_ok=True) == MASTER
+    assert resolve_precision("auto", CPU, n_params=MASTER_MIN_PARAMS - 1, master_ok=True) == "bfloat16"
+    assert resolve_precision("auto", CPU, n_params=MASTER_MIN_PARAMS, master_ok=False) == "bfloat16"
+    assert resolve_precision("bf16-master", CPU) == MASTER
+    monkeypatch.setattr(precision_module, "native_bf16", lambda device: False)
+    assert resolve_precision("auto", CPU, n_params=MASTER_MIN_PARAMS, master_ok=True) == "float32"
+    with caplog.at_level(logging.WARNING, logger="aiayn.training.precision"):
+        assert resolve_precision("bf16-master", CPU) == MASTER
+    assert "train.precision=bf16-master" in caplog.text and "slower" in caplog.text
+
+
+def test_master_weights_refuse_compile_before_any_work(tmp_path):
+    config = lm_config(tmp_path, steps=2)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision="bf16-master", compile=True))
+    with pytest.raises(ValueError, match=r"train\.precision=bf16-master.*train\.compile"):
+        train(config)
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_is_bit_for_bit_with_every_new_option_on(tmp_path):
+    """bf16-master, batch lengths padded to a multiple of 8, the chunked cross-entropy (always on), dropout on:
+    6 steps straight == 3 steps, stop, resume to 6 (losses and saved weights, bit for bit)."""
+    def config(name: str, **loop: object):
+        c = translation_config(tmp_path / name, steps=6, save_every=3, eval_every=6, precision="bf16-master", **loop)
+        return dataclasses.replace(c, data=dataclasses.replace(c.data, pad_to_multiple=8))
+
+    straight = train(config("a"))
+    train(config("b", stop_after=3))
+    resumed = train(config("b"))
+    assert resumed.step == 6
+    losses = [{r["step"]: r["loss"] for r in read_metrics(run.run_dir) if "loss" in r} for run in (straight, resumed)]
+    assert all(r["peak_rss_mb"] > 0 for r in read_metrics(straight.run_dir) if "loss" in r)  # logged with the loss
+    assert sorted(losses[0]) == list(range(1, 7)) and losses[0] == losses[1]
+    a, _ = read_safetensors(straight.run_dir / "step-000006" / "model.safetensors")
+    b, _ = read_safetensors(resumed.run_dir / "step-000006" / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].dtype == torch.float32 and torch.equal(a[k], b[k]) for k in a)
