@@ -102,7 +102,8 @@ class LoadedModel:
     def generate(  # type: ignore[overload-overlap]  # a str is a Sequence[str] too: the first match wins
         self, prompt: str, max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
         top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
-        repetition_penalty: float = 1.0, speculative: str | None = None, draft: LoadedModel | None = None,
+        repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+        min_p: float | None = None, speculative: str | None = None, draft: LoadedModel | None = None,
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> str: ...
 
@@ -110,19 +111,23 @@ class LoadedModel:
     def generate(
         self, prompt: Sequence[str], max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
         top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
-        repetition_penalty: float = 1.0, speculative: str | None = None, draft: LoadedModel | None = None,
+        repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+        min_p: float | None = None, speculative: str | None = None, draft: LoadedModel | None = None,
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> list[str]: ...
 
     def generate(
         self, prompt: str | Sequence[str], max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
         top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
-        repetition_penalty: float = 1.0, speculative: str | None = None, draft: LoadedModel | None = None,
+        repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+        min_p: float | None = None, speculative: str | None = None, draft: LoadedModel | None = None,
         draft_tokens: int = DEFAULT_DRAFT_TOKENS,
     ) -> str | list[str]:
         """Continue ``prompt`` (one text, or a list decoded as one left-padded batch); returns each prompt
         followed by its generated text (EOS not shown): a ``str`` for a ``str``, a list for a list.
 
+        ``presence_penalty``, ``frequency_penalty`` (OpenAI's, in [-2, 2]) and ``min_p``: the logits processors the
+        CLI and the server use (:mod:`aiayn.decoding.processors`).
         ``speculative``: ``"prompt-lookup"`` or ``"draft"`` (with ``draft``, a smaller loaded model of the same
         tokenizer) checks up to ``draft_tokens`` drafted tokens per forward (:mod:`aiayn.decoding.speculative`);
         greedy output is the same, sampling the same distribution. A list is then decoded prompt by prompt."""
@@ -130,7 +135,8 @@ class LoadedModel:
         tok = self.src_tokenizer
         config = generation_config(
             tok, max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
-            stop_strings=tuple(stop), repetition_penalty=repetition_penalty,
+            stop_strings=tuple(stop), repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, min_p=min_p,
         )
         prompts = _as_list(prompt, "prompt")
         if not prompts:

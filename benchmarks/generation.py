@@ -130,9 +130,14 @@ def marian_pair(sizes: dict, seed: int = 0) -> tuple[nn.Module, nn.Module]:
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the Linear weights (and int8 scales, biases) a decoding step reads once per token."""
+    from aiayn.inference.int4 import Int4Linear
+
     total = 0
     for module in model.modules():
-        if isinstance(module, (nn.Linear, Int8Linear, PackedLinear)) or type(module).__name__ == "Conv1D":  # HF GPT-2's Linear
+        if isinstance(module, Int4Linear):  # what its kernel reads: the packed codes and the scales-and-zeros
+            total += sum(t.numel() * t.element_size() for t in (module.packed, module.scale_zeros))
+            total += module.bias.numel() * module.bias.element_size() if module.bias is not None else 0
+        elif isinstance(module, (nn.Linear, Int8Linear, PackedLinear)) or type(module).__name__ == "Conv1D":  # HF GPT-2's Linear
             total += sum(t.numel() * t.element_size() for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)))
     return total
 

@@ -104,7 +104,11 @@ def gguf_files(peer: nn.Module, cache: Path = HOME / "models") -> dict[str, Path
     if not all(f.exists() for f in files.values()):
         hf = save_gpt2_dir(peer, out / "hf")
         env = {**os.environ, "PYTHON": sys.executable}  # the converter needs this interpreter's torch and numpy
-        subprocess.run(["bash", str(SCRIPT), "convert", str(hf), str(out)], check=True, stdout=subprocess.DEVNULL, env=env)
+        log = out / "convert.log"  # the converter's per-tensor lines: kept, shown only if it fails
+        with open(log, "w") as f:
+            done = subprocess.run(["bash", str(SCRIPT), "convert", str(hf), str(out)], stdout=f, stderr=subprocess.STDOUT, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"llama.cpp's conversion failed (exit {done.returncode}); its log, {log}:\n{log.read_text()[-3000:]}")
     return files
 
 

@@ -82,5 +82,8 @@ def test_the_cli_takes_the_same_processors(tmp_path, capsys):
     config = generation_config(tok, max_new_tokens=12, **flags)
     out = generate(CausalLMDecoder(model), torch.tensor([tok.encode("the")]), None, config, generator=torch.Generator().manual_seed(3))
     assert capsys.readouterr().out == "the" + tok.decode(out.sequences()[0]) + "\n"
+    import aiayn  # Python takes the same processors, and gives the same text
+
+    assert aiayn.load(tmp_path / "m").generate("the", max_new_tokens=12, seed=3, **flags) == "the" + tok.decode(out.sequences()[0])
     with pytest.raises(SystemExit, match="--presence-penalty=3.0"):
         main([*argv[:7], "--presence-penalty", "3"])
