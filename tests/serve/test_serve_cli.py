@@ -61,7 +61,7 @@ def stream_in_background(url: str, max_tokens: int) -> tuple[threading.Thread, d
     def run():
         try:
             with httpx.stream("POST", url + "/v1/completions", json={"prompt": "a", "max_tokens": max_tokens, "stream": True, "temperature": 0}, timeout=60) as r:
-                lines = []
+                lines = result["lines"] = []
                 for line in r.iter_lines():
                     lines.append(line)
                     started.set()
@@ -98,7 +98,9 @@ def test_sigterm_finishes_the_running_stream_then_exits(checkpoint):
 def test_sigterm_cancels_a_stream_past_the_shutdown_timeout(checkpoint):
     proc, url = start(checkpoint, "--shutdown-timeout", "0.3")
     try:
-        thread, result, started = stream_in_background(url, 511)
+        # 20,000 tokens (the window slides past the 512 positions): seconds of decoding on any CPU, so the
+        # stream is still running when the 0.3 s run out (511 tokens could finish within them on a fast one)
+        thread, result, started = stream_in_background(url, 20_000)
         assert started.wait(30)
         begin = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -108,6 +110,7 @@ def test_sigterm_cancels_a_stream_past_the_shutdown_timeout(checkpoint):
         assert not thread.is_alive()
         # Cut short, and the client is told: an error event, or the connection closed mid-stream.
         events = result.get("events", [])
+        assert any(line.startswith("data: {") for line in result.get("lines", [])), result  # it had started: a cut, not a refusal
         assert "error" in result or "error" in events[-2] or events[-1] != "[DONE]", events[-3:]
         if "error" not in result and "error" in events[-2]:
             assert events[-2]["error"]["code"] == "shutting_down"
