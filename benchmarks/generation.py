@@ -34,9 +34,11 @@ import copy
 import logging
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -50,21 +52,12 @@ from aiayn.inference import (
     pack_linears,
     quantize_int8,
 )
-from aiayn.inference.quantization import quantize
 from aiayn.inference.precision import can_pack, native_bf16
+from aiayn.inference.quantization import quantize
 from aiayn.interop.hf import load_hf
 
-try:  # run as a script: benchmarks/ is on sys.path; loaded by tests through importlib: it may not be
-    import llama_peer
-except ImportError:  # pragma: no cover
-    import importlib.util as _util
-    import sys as _sys
-    from pathlib import Path as _Path
-
-    _spec = _util.spec_from_file_location("llama_peer", _Path(__file__).resolve().parent / "llama_peer.py")
-    llama_peer = _util.module_from_spec(_spec)  # type: ignore[arg-type]
-    _sys.modules["llama_peer"] = llama_peer
-    _spec.loader.exec_module(llama_peer)  # type: ignore[union-attr]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/llama_peer.py, however this script is loaded
+import llama_peer  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.inference.precision import replace_linears
+
 __all__ = ["GROUP_SIZES", "Int4Linear", "check_int4_kernel", "quantize_int4"]
 
 log = logging.getLogger(__name__)
@@ -147,6 +149,4 @@ def quantize_int4(model: nn.Module, group_size: int = 32) -> nn.Module:
     kept = sorted({m.in_features for _, m in linears if m.in_features % group_size})
     if kept:
         log.warning("int4: layers with in_features %s stay in floating point (not multiples of the group size %d)", kept, group_size)
-    from aiayn.inference.quantization import replace_linears
-
-    return replace_linears(model, targets, lambda linear: Int4Linear.from_linear(linear, group_size))
+    return replace_linears(model, targets, lambda name, linear: Int4Linear.from_linear(linear, group_size))

@@ -3,7 +3,7 @@
 For one row (batch-1 decoding), MKL's sgemm through ``F.linear`` and oneDNN over a weight packed once
 trade places by CPU: oneDNN was 1.8x faster through GPT-2's output projection on an AVX2 AMD EPYC,
 MKL 1.36x faster for 768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked
-the winner on both, so :func:`choose_kernel` times both for each distinct shape, dtype and thread
+the winner on both, so :func:`choose_kernels` times both for each distinct shape, dtype and thread
 count, for one row and for several, keeps the faster, and caches the answer per CPU model, torch version and thread count in
 ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
 
@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
+from aiayn.untrusted import read_json_file
 
-__all__ = ["CHOICES", "ENV_VAR", "KERNELS", "cache_path", "choose_kernel", "kernel_mode", "log_choices", "machine_key"]
+__all__ = ["CHOICES", "ENV_VAR", "KERNELS", "cache_path", "choose_kernels", "kernel_mode", "machine_key"]
 
 log = logging.getLogger(__name__)
 
@@ -54,53 +55,52 @@ def machine_key() -> str:
     return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
-def choose_kernel(weight: Tensor, rows: int = 8, *, timed: list[str] | None = None) -> str:
-    """Which kernel runs ``weight (out, in)`` here, measured once and cached: one of :data:`KERNELS`.
+def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
+    """Which kernel runs each ``weight (out, in)`` here, one of :data:`KERNELS`: read from the cache, or timed
+    once per distinct shape and dtype and cached (the cache is read once and written once per call).
 
     Both kernels are timed for one row (one-token decoding) and for ``rows`` rows (a batch, a prompt,
     speculative verification; an encoder's batch x tokens), since the winner can differ between the two
     (MKL fast for one row and many times slower for two, on some CPUs): ``packed`` where oneDNN wins both,
     ``plain`` where F.linear does, else ``packed-one-row`` / ``packed-many-rows`` (oneDNN for that regime
-    only; :class:`~aiayn.inference.precision.PackedLinear` picks per call). ``timed``: gets a line for each
-    shape timed now (not read from the cache). Only called for weights oneDNN can pack (see
-    :func:`~aiayn.inference.precision.can_pack`)."""
+    only; :class:`~aiayn.inference.precision.PackedLinear` picks per call). The shapes timed now are logged
+    in one INFO line. Only called for weights oneDNN can pack (see :func:`~aiayn.inference.precision.can_pack`)."""
     mode = kernel_mode()
     if mode != "measure":
-        return mode
-    shape = f"{weight.shape[1]}->{weight.shape[0]} {str(weight.dtype).removeprefix('torch.')} 1|{rows} rows"
+        return [mode] * len(weights)
+    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows" for w in weights]
     path, key = cache_path(), machine_key()
     table = _read(path)
-    known = table.get(key, {}).get(shape)
-    if known in KERNELS:
-        return str(known)
-    one = _time_both(weight, 1)
-    many = _time_both(weight, rows)
-    wins = [packed < MARGIN * plain for packed, plain in (one, many)]
-    choice = {(True, True): "packed", (True, False): "packed-one-row", (False, True): "packed-many-rows"}.get((wins[0], wins[1]), "plain")
-    line = (f"{shape}: oneDNN packed {one[0]:.3f} / {many[0]:.3f} ms, F.linear {one[1]:.3f} / {many[1]:.3f} ms "
-            f"(1 / {rows} rows) -> {choice}")
-    log.debug("Linear %s (%s)", line, key)
-    if timed is not None:
-        timed.append(line)
-    table = _read(path)  # another process may have written meanwhile
-    table.setdefault(key, {})[shape] = choice
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps(table, indent=1, sort_keys=True).encode())
-    except OSError as err:  # a read-only home: choose again next time
-        log.warning("could not cache the kernel choice in %s: %s", path, err)
-    return choice
+    known = {shape: str(choice) for shape, choice in table.get(key, {}).items() if choice in KERNELS}
+    timed: list[str] = []
+    for shape, weight in zip(shapes, weights):
+        if shape in known:
+            continue
+        one = _time_both(weight, 1)
+        many = _time_both(weight, rows)
+        wins = (one[0] < MARGIN * one[1], many[0] < MARGIN * many[1])
+        known[shape] = {(True, True): "packed", (True, False): "packed-one-row", (False, True): "packed-many-rows"}.get(wins, "plain")
+        timed.append(f"{shape}: oneDNN packed {one[0]:.3f} / {many[0]:.3f} ms, F.linear {one[1]:.3f} / {many[1]:.3f} ms "
+                     f"(1 / {rows} rows) -> {known[shape]}")
+    if timed:
+        log.info("Linear kernels timed on this machine (%s), cached in %s ($%s overrides): %s", key, path, ENV_VAR, "; ".join(timed))
+        table = _read(path)  # another process may have written meanwhile
+        table[key] = {**table.get(key, {}), **known}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, json.dumps(table, indent=1, sort_keys=True).encode())
+        except OSError as err:  # a read-only home: choose again next time
+            log.warning("could not cache the kernel choice in %s: %s", path, err)
+    return [known[shape] for shape in shapes]
 
 
 def _read(path: Path) -> dict:
-    """The cache, or ``{}`` when absent; a corrupt one is ignored with a warning (and rewritten)."""
+    """The cache, or ``{}`` when absent; a corrupt one (or one over 1 MiB) is ignored with a warning (and rewritten)."""
+    if not path.exists():
+        return {}
     try:
-        if not path.is_file():
-            return {}
-        if path.stat().st_size > 1 << 20:
-            raise ValueError(f"{path.stat().st_size} bytes, more than the 1 MiB a kernel cache can need")
-        table = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+        table = read_json_file(path, what="kernel-choice cache", max_bytes=1 << 20, expect=dict)
+        if not all(isinstance(v, dict) for v in table.values()):
             raise ValueError("not an object of objects")
         return table
     except (OSError, ValueError) as err:
@@ -153,9 +153,3 @@ def _cpu_model() -> str:
         pass
     return platform.processor() or platform.machine()
 
-
-def log_choices(timed: list[str]) -> None:
-    """One INFO line for the shapes a load timed (none when every choice came from the cache)."""
-    if timed:
-        log.info("Linear kernels timed on this machine (%s), cached in %s ($%s overrides): %s",
-                 machine_key(), cache_path(), ENV_VAR, "; ".join(timed))

@@ -14,6 +14,7 @@ faster on this machine (:mod:`aiayn.inference.kernel_choice`). Softmax (:mod:`ai
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -184,25 +185,30 @@ class PackedLinear(nn.Linear):
 def pack_linears(model: nn.Module, rows: int | None = None) -> int:
     """Replace CPU ``nn.Linear`` layers by :class:`PackedLinear`, in place, where torch's oneDNN supports their
     dtype here and its kernel is the faster one for their shape on this machine (timed once per shape and cached:
-    :func:`~aiayn.inference.kernel_choice.choose_kernel`); returns how many were replaced.
+    :func:`~aiayn.inference.kernel_choice.choose_kernels`); returns how many were replaced.
 
     ``rows``: the rows of a several-row call, timed beside one row; by default 8 for models that decode (a
     batch, a prompt) and 64 for encoder-only models (a batch of sentences at once)."""
-    from aiayn.inference.kernel_choice import choose_kernel, log_choices
+    from aiayn.inference.kernel_choice import choose_kernels
 
     if rows is None:
         rows = 64 if getattr(getattr(model, "config", None), "family", None) == "encoder-only" else 8
     candidates = [(n, m) for n, m in model.named_modules()
                   if isinstance(m, nn.Linear) and not isinstance(m, PackedLinear) and can_pack(m.weight)]
-    timed: list[str] = []
-    kernels = {n: choose_kernel(m.weight, rows, timed=timed) for n, m in candidates}
-    log_choices(timed)
+    kernels = dict(zip((n for n, _ in candidates), choose_kernels([m.weight for _, m in candidates], rows)))
     targets = [(n, m) for n, m in candidates if kernels[n] != "plain"]
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(linear, rows=_PACKED_ROWS[kernels[name]]))
+    replace_linears(model, targets, lambda name, linear: PackedLinear(linear, rows=_PACKED_ROWS[kernels[name]]))
     return len(targets)
 
 
 _PACKED_ROWS = {"packed": "all", "packed-one-row": "one", "packed-many-rows": "many"}
+
+
+def replace_linears(model: nn.Module, targets: list[tuple[str, nn.Linear]], make: Callable[[str, nn.Linear], nn.Module]) -> nn.Module:
+    """Put ``make(name, linear)`` in place of each named Linear layer of ``model``, in place; returns ``model``
+    (packing here, int8 and int4 quantisation)."""
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, make(name, linear))
+    return model

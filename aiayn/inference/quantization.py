@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.inference.precision import replace_linears
+
 __all__ = ["QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "parse_quantize", "quantize", "quantize_int8", "quantization_record"]
 
 log = logging.getLogger(__name__)
@@ -181,13 +183,4 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     slow = sorted({m.in_features for _, m in targets if m.in_features % _KERNEL_K_MULTIPLE})
     if slow:
         log.warning("int8: in_features %s are not multiples of %d: those layers dequantise per call (slow)", slow, _KERNEL_K_MULTIPLE)
-    return replace_linears(model, targets, Int8Linear.from_linear)
-
-
-def replace_linears(model: nn.Module, targets: list[tuple[str, nn.Linear]], make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
-    """Put ``make(linear)`` in place of each named Linear layer of ``model``, in place; returns ``model``."""
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, make(linear))
-    return model
+    return replace_linears(model, targets, lambda name, linear: Int8Linear.from_linear(linear))

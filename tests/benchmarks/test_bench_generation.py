@@ -1,24 +1,15 @@
 """benchmarks/generation.py --quick: every variant generates on tiny shapes, the fp32 tokens equal Hugging
 Face's, and the tables (ratios, targets, bandwidth bound, beam search) are printed."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from bench_scripts import load_benchmark
 
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "generation.py"
-
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("bench_generation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("generation")
 
 
 @pytest.mark.slow

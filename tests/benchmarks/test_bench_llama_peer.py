@@ -1,25 +1,12 @@
 """benchmarks/llama_peer.py: the tokenizer llama.cpp's converter is given, the CPU line, and the
 llama.cpp column skipped with the way to build it when llama-bench is absent."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from bench_scripts import load_benchmark
 
 
 def test_byte_level_bpe_has_exactly_the_vocabulary_size_and_round_trips():
-    peer = _load("llama_peer")
+    peer = load_benchmark("llama_peer")
     tok = peer.byte_level_bpe(700)
     assert tok.get_vocab_size() == 700
     assert tok.token_to_id("<|endoftext|>") == 699  # GPT-2's end of text is its last id
@@ -28,14 +15,14 @@ def test_byte_level_bpe_has_exactly_the_vocabulary_size_and_round_trips():
 
 
 def test_cpu_summary_names_the_flags_that_pick_kernels():
-    line = _load("llama_peer").cpu_summary()
+    line = load_benchmark("llama_peer").cpu_summary()
     for flag in ("avx2", "avx512f", "avx512_bf16", "amx_tile"):
         assert f"{flag} yes" in line or f"{flag} no" in line
 
 
 def test_without_llama_bench_the_column_says_how_to_build(monkeypatch):
     pytest.importorskip("transformers")
-    gen = _load("generation")
+    gen = load_benchmark("generation")
     monkeypatch.setattr(gen.llama_peer, "find_llama_bench", lambda explicit=None: None)
     args = gen.parse_args(["--quick"])
     text = gen.bench_llama_cpp(args, gen.QUICK_GPT, [])

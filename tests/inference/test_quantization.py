@@ -1,5 +1,5 @@
-"""int8 weight-only quantisation: the grid and its scales, logits near fp32, a checkpoint that survives
-save and load bit for bit, and the errors (no Linear layer, no kernel, unknown method)."""
+"""int8 weight-only quantisation: the grid and its scales, logits near fp32, a checkpoint (int8, and int4 the
+same way) that survives save and load bit for bit, and the errors (no Linear layer, no kernel, unknown method)."""
 
 import pytest
 import torch
@@ -7,6 +7,7 @@ from torch import nn
 
 from aiayn import build_model
 from aiayn.inference import Int8Linear, quantization, quantize_int8
+from aiayn.inference.quantization import quantize
 from aiayn.pretrained import QUANTIZATION_FILE, load_pretrained, save_pretrained
 
 torch.set_num_threads(1)
@@ -45,11 +46,14 @@ def test_quantised_logits_stay_near_fp32(kind):
     assert (out - reference).abs().max() <= 0.02 * reference.abs().max()
 
 
-def test_quantised_checkpoint_survives_save_and_load_bit_for_bit(tmp_path):
-    model = quantize_int8(tiny())
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantised_checkpoint_survives_save_and_load_bit_for_bit(tmp_path, method):
+    if method == "int4" and not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        pytest.skip("no int4 CPU kernel in this torch")
+    model = quantize(tiny(), method)
     save_pretrained(tmp_path / "q", model)
-    assert (tmp_path / "q" / QUANTIZATION_FILE).is_file()
-    loaded = load_pretrained(tmp_path / "q").model  # int8 without being asked: the directory says so
+    assert f'"method": "{method}"' in (tmp_path / "q" / QUANTIZATION_FILE).read_text()
+    loaded = load_pretrained(tmp_path / "q").model  # quantised without being asked: the directory says so
     before, after = model.state_dict(), loaded.state_dict()
     assert before.keys() == after.keys()
     for key in before:
