@@ -36,7 +36,7 @@ from aiayn.checkpoint.weights import (
 )
 from aiayn.inference.fusion import fuse_projections
 from aiayn.inference.precision import cast_model, native_bf16, pack_linears, parse_dtype
-from aiayn.inference.quantization import parse_quantize, quantization_record
+from aiayn.inference.quantization import QUANTIZATIONS, parse_quantize, quantization_record
 from aiayn.inference.quantization import quantize as quantize_model
 from aiayn.models.config import TransformerConfig, config_from_dict
 from aiayn.models.meta import meta_state_dict
@@ -47,7 +47,7 @@ from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "Pretrained", "save_pretrained", "load_pretrained", "prepare_for_inference", "model_dir", "label_names",
+    "Pretrained", "save_pretrained", "load_pretrained", "prepare_for_inference", "model_dir", "label_names", "hf_source_config",
     "check_replaceable", "check_config_backed", "confine_data_paths", "DATA_PATH_KEYS", "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE", "LABELS_FILE",
 ]
 
@@ -332,7 +332,7 @@ def _stored_quantization(directory: Path) -> str | None:
     if not file.is_file():
         return None
     record = read_json_file(file, what="quantization record")
-    stored = ("int8", "int4", "int4-g64", "int4-g128")
+    stored = tuple(q for q in QUANTIZATIONS if q != "none")
     if not isinstance(record, dict) or record.get("method") not in stored:
         got = record.get("method") if isinstance(record, dict) else record
         raise ValueError(f"{file}: method must be one of {', '.join(stored)} (the stored quantisations), got {got!r}")
@@ -348,11 +348,18 @@ def label_names(directory: Path) -> list[str] | None:
         if not isinstance(names, list) or not all(isinstance(n, (str, int)) for n in names):
             raise ValueError(f"{file}: expected {{\"labels\": [name of class 0, name of class 1, ...]}}, got labels={names!r:.80}")
         return [str(n) for n in names]
+    config = hf_source_config(directory)
+    return id2label_names(config) if config is not None else None
+
+
+def hf_source_config(directory: Path) -> dict[str, Any] | None:
+    """The original Hugging Face ``config.json`` an imported directory records in ``hf_source.json``
+    (``aiayn convert``), or ``None`` without one."""
     source = directory / "hf_source.json"
-    if source.exists():
-        config = read_json_file(source, what="Hugging Face source record", expect=dict).get("config")
-        return id2label_names(config) if isinstance(config, dict) else None
-    return None
+    if not source.exists():
+        return None
+    config = read_json_file(source, what="Hugging Face source record", expect=dict).get("config")
+    return config if isinstance(config, dict) else None
 
 
 def id2label_names(hf_config: dict) -> list[str] | None:

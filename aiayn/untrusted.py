@@ -41,7 +41,7 @@ def check_regular_file(path: str | os.PathLike[str], what: str = "file") -> Path
     except FileNotFoundError:
         raise FileNotFoundError(f"no such {what}: {file}") from None
     if not stat.S_ISREG(mode):
-        raise UntrustedInputError(f"{file}: the {what} is not a regular file ({_kind(mode)}); refusing to read it")
+        raise _not_regular(file, what, mode)
     return file
 
 
@@ -51,12 +51,11 @@ def read_untrusted_bytes(path: str | os.PathLike[str], *, max_bytes: int = MAX_C
     # O_NONBLOCK: a file swapped for a FIFO after the check still cannot block the open.
     fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise UntrustedInputError(f"{file}: the {what} is not a regular file ({_kind(mode)}); refusing to read it")
-        size = os.fstat(f.fileno()).st_size
-        if size > max_bytes:
-            raise UntrustedInputError(f"{file}: the {what} is {size} bytes, over the limit of {max_bytes} bytes (not read)")
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(file, what, st.st_mode)
+        if st.st_size > max_bytes:
+            raise UntrustedInputError(f"{file}: the {what} is {st.st_size} bytes, over the limit of {max_bytes} bytes (not read)")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:  # it grew while being read
         raise UntrustedInputError(f"{file}: the {what} is over the limit of {max_bytes} bytes (not read whole)")
@@ -145,6 +144,10 @@ def _flow_depth(text: str) -> int:
 def _short(text: str, limit: int = 80) -> str:
     shown = repr(text)
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def _not_regular(file: Path, what: str, mode: int) -> UntrustedInputError:
+    return UntrustedInputError(f"{file}: the {what} is not a regular file ({_kind(mode)}); refusing to read it")
 
 
 def _kind(mode: int) -> str:

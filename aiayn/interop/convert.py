@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from aiayn.checkpoint.atomic_io import replace_directory
 from aiayn.interop.hf import Exported, Imported, load_hf, save_hf
 from aiayn.interop.hf_dir import CONFIG_FILE
-from aiayn.pretrained import check_replaceable, load_pretrained, save_pretrained
+from aiayn.pretrained import check_replaceable, hf_source_config, load_pretrained, save_pretrained
 from aiayn.untrusted import read_json_file
 
 __all__ = ["convert_from_hf", "convert_to_hf", "SOURCE_FILE"]
@@ -62,7 +61,7 @@ def convert_to_hf(
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     previous = check_replaceable(target)  # only a previous export's files, never someone's notes
     loaded = load_pretrained(our_dir, pack=False)  # exported, never run
-    extras = _read_source(loaded.path)
+    extras = hf_source_config(loaded.path)
     tokenizer, note = loaded.src_tokenizer, None
     if tokenizer is None:
         note = "the aiayn directory holds no tokenizer"
@@ -73,14 +72,6 @@ def convert_to_hf(
         if tokenizer is not None and not (tmp / "tokenizer.json").is_file():
             note = f"a {type(tokenizer).__name__} has no tokenizer.json form"
     return exported, note
-
-
-def _read_source(directory: Path) -> dict[str, Any] | None:
-    file = directory / SOURCE_FILE
-    if not file.exists():
-        return None
-    config = read_json_file(file, what="Hugging Face source record", expect=dict).get("config")
-    return config if isinstance(config, dict) else None
 
 
 def _refuse_wrong_side(directory: Path, *, expect: str) -> None:
