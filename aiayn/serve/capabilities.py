@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiayn.nn.positional import LearnedPositions
 from aiayn.serve.loading import ServedModel
 from aiayn.tokenization.special import ROLES, sentence_ids, special_ids
 
@@ -40,10 +39,9 @@ def refusal(served: ServedModel, path: str) -> str | None:
 def model_card(served: ServedModel, endpoints: list[str]) -> dict[str, Any]:
     """The extra fields of the model's entry in ``/v1/models`` (its ``endpoints``: the ones it serves)."""
     config = served.config
-    positions = getattr(served.model, "positions", None)
     card: dict[str, Any] = {
         "family": served.family, "context_length": config.max_len, "endpoints": endpoints,
-        "past_context": ("sliding window" if isinstance(positions, LearnedPositions) else "extrapolates")
+        "past_context": ("sliding window" if served.window is not None else "extrapolates")
         if served.family == "decoder-only" else "refused",
         "tokenizer": {"vocab_size": served.src_tokenizer.vocab_size, "special_tokens": _specials(served.src_tokenizer)},
     }

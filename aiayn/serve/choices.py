@@ -80,7 +80,3 @@ class Choices(PlainChoices):
 
 def _per_token(scores: TokenLogprobs) -> float:
     return scores.total() / max(len(scores), 1)
-
-
-def _joined(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    return {key: first[key] + second[key] for key in first}

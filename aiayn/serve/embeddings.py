@@ -22,7 +22,7 @@ from aiayn.serve.app import ServerState, _collect, _submit
 from aiayn.serve.encoder_engine import Embed
 from aiayn.serve.errors import APIError, bad_field
 from aiayn.serve.loading import ServedModel
-from aiayn.serve.requests import _short, _texts, check_model_name
+from aiayn.serve.requests import _short, _texts, check_model_name, vocabulary
 from aiayn.serve.schemas import MAX_INPUTS, _Request
 
 __all__ = ["EmbeddingRequest", "add_embeddings_route", "embedding_request"]
@@ -86,16 +86,12 @@ def _inputs(given: str | list[str] | list[int] | list[list[int]], served: Served
         raise bad_field("input", given, "is empty: give a string, a list of strings or token ids")
     if len(rows) > MAX_INPUTS:
         raise bad_field("input", f"<list of {len(rows)}>", f"holds too many items: at most {MAX_INPUTS}")
-    vocab = served.src_tokenizer.vocab_size
     out: list[tuple[str, object, list[int]]] = []
     for i, row in enumerate(rows):
         name = "input" if one else f"input[{i}]"
         if not row:
             raise bad_field(name, row, "is empty: nothing to embed")
-        for j, token in enumerate(row):
-            if not 0 <= token < vocab:
-                raise bad_field(f"{name}[{j}]", token, f"is outside the vocabulary: token ids must be in 0..{vocab - 1}")
-        out.append((name, f"<{len(row)} token ids>", row))
+        out.append((name, f"<{len(row)} token ids>", vocabulary(served, row, name, served.src_tokenizer)))
     return out
 
 

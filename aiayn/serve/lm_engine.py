@@ -28,7 +28,6 @@ from aiayn.decoding.protocol import DecodeState
 from aiayn.decoding.sampling import GenerationConfig, next_token
 from aiayn.decoding.speculative import DEFAULT_DRAFT_TOKENS, DEFAULT_NGRAM, SpeculativeDecoder
 from aiayn.decoding.streaming import TextStreamer
-from aiayn.nn.positional import LearnedPositions
 from aiayn.serve import batch_state
 from aiayn.serve.errors import APIError, ModelFailure
 from aiayn.serve.jobs import DONE, TOKEN, Job, Worker
@@ -111,8 +110,7 @@ class LMEngine(Worker):
         self.device = next(served.model.parameters()).device
         self.pad_id = served.config.pad_id if served.config.pad_id is not None else 0
         self.writable = served.tgt_tokenizer.vocab_size
-        positions = served.model.positions
-        self.window = positions.max_len if isinstance(positions, LearnedPositions) else None  # past it, a window slides
+        self.window = served.window  # past it, a window slides
         if not batch_state.joinable(served.model.new_cache()):  # type: ignore[operator]
             log.warning("this model's decode caches cannot be joined into a batch: serving one sequence at a time (--max-batch 1)")
             self.max_batch = 1

@@ -16,6 +16,7 @@ from torch import nn
 from aiayn.api import LoadedModel, load_parts
 from aiayn.inference.precision import DTYPES, dtype_name  # the names every inference command accepts
 from aiayn.models.config import TransformerConfig
+from aiayn.nn.positional import LearnedPositions
 from aiayn.tokenization.base import Tokenizer
 
 __all__ = ["DTYPES", "ServedModel", "load_served_model"]
@@ -37,6 +38,13 @@ class ServedModel:
     @property
     def family(self) -> str:
         return self.config.family
+
+    @property
+    def window(self) -> int | None:
+        """A decoder-only model's learned positions (``max_len``): past them a window slides; ``None``
+        where positions extrapolate or there are none to slide (other families)."""
+        positions = getattr(self.model, "positions", None)
+        return positions.max_len if isinstance(positions, LearnedPositions) else None
 
     def as_loaded(self) -> LoadedModel:
         """The model as ``aiayn.load`` gives it, so an endpoint runs the very code Python runs."""

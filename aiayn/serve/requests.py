@@ -11,7 +11,6 @@ from collections.abc import Callable
 from aiayn.decoding.encoder_only import encode_masked_text
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.decoding.text import generation_config, prompt_ids, source_ids
-from aiayn.nn.positional import LearnedPositions
 from aiayn.serve.encoder_engine import Classify, FillMask
 from aiayn.serve.errors import APIError, bad_field
 from aiayn.serve.lm_engine import Completion
@@ -28,6 +27,7 @@ from aiayn.serve.schemas import (
     TranslationRequest,
 )
 from aiayn.serve.seq2seq_engine import Translation
+from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.special import sentence_ids, special_ids
 
 __all__ = ["check_model_name", "classification", "completion", "fill_mask_request", "tokenize", "translation", "vocabulary"]
@@ -113,27 +113,22 @@ def _prompts(body: CompletionRequest, served: ServedModel) -> list[list[int]]:
                 raise bad_field(name, item, f"cannot start generation: {e}") from None
         else:
             ids = vocabulary(served, item, name)
-        if body.echo and _window(served) is not None and len(ids) > _window(served):  # type: ignore[operator]
+        if body.echo and served.window is not None and len(ids) > served.window:
             raise bad_field(name, _short(str(item)), f"has {len(ids)} tokens: echo scores the prompt in one pass, "
                             f"so it must fit the model's context of {served.config.max_len} positions")
         out.append(ids)
     return out
 
 
-def vocabulary(served: ServedModel, ids: list[int], name: str) -> list[int]:
-    """``ids``, refused when empty or when one is outside the tokenizer's vocabulary."""
-    vocab = served.tgt_tokenizer.vocab_size
+def vocabulary(served: ServedModel, ids: list[int], name: str, tokenizer: Tokenizer | None = None) -> list[int]:
+    """``ids``, refused when empty or when one is outside the vocabulary of ``tokenizer`` (default: the target's)."""
+    vocab = (tokenizer or served.tgt_tokenizer).vocab_size
     if not ids:
         raise bad_field(name, ids, "is empty: give at least one token id")
     for i, token in enumerate(ids):
         if not 0 <= token < vocab:
             raise bad_field(f"{name}[{i}]", token, f"is outside the vocabulary: token ids must be in 0..{vocab - 1}")
     return ids
-
-
-def _window(served: ServedModel) -> int | None:
-    positions = getattr(served.model, "positions", None)
-    return positions.max_len if isinstance(positions, LearnedPositions) else None
 
 
 def _logit_bias(given: dict[str, float] | None, served: ServedModel) -> tuple[tuple[int, float], ...]:
