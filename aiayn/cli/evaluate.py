@@ -18,7 +18,7 @@ from aiayn.data.datasets import SST2_LABELS
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation.held_out import HELD_OUT_SPLITS, NATURAL_TASK, evaluate_held_out
 from aiayn.pretrained import Pretrained, confine_data_paths, load_pretrained
-from aiayn.training.config import DataSection
+from aiayn.training.config import DataSection, TrainConfig
 
 HELP = "evaluate a checkpoint on a split: sacreBLEU + chrF (translation), perplexity (LM), masked-token or class accuracy"
 
@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     tok = loaded.src_tokenizer
     if tok is None or loaded.tgt_tokenizer is None:
         raise ValueError(f"{loaded.path} holds no tokenizer, so text cannot be encoded")
-    data = _data_section(args, loaded)
+    trained = saved_train_config(loaded.path)
+    data = _data_section(args, loaded, trained)
     started = time.perf_counter()
     result: dict[str, Any] = {"checkpoint": str(loaded.path)} if len(members) == 1 else {"checkpoints": [str(m.path) for m in members]}
     if args.files:
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     result["task"] = data.task
     beam = BeamConfig(beam_size=args.beam_size, length_penalty=args.length_penalty)
     scored = evaluate_held_out([m.model for m in members], tok, loaded.tgt_tokenizer, data, args.split, files=args.files,
-                               label_names=_model_labels(data, loaded), beam=beam, limit=args.limit, progress=True)
+                               label_names=_model_labels(data, loaded, trained), beam=beam, limit=args.limit, progress=True)
     result |= scored.metrics
     if args.hypotheses and scored.hypotheses:
         atomic_write_bytes(args.hypotheses, "".join(h + "\n" for h in scored.hypotheses).encode())
@@ -77,11 +78,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data_section(args: argparse.Namespace, loaded: Pretrained) -> DataSection:
-    """The data to evaluate on: the training config's data section (own files, data_dir, direction,
+def _data_section(args: argparse.Namespace, loaded: Pretrained, trained: TrainConfig | None) -> DataSection:
+    """The data to evaluate on: the training config's (``trained``) data section (own files, data_dir, direction,
     task) with the flags given on top; without a training config, ``--dataset`` and its natural task.
     The config's paths must lie inside ``--checkpoint`` (untrusted input) unless the flags replace them."""
-    trained = saved_train_config(loaded.path)
     if trained is None and args.files and args.dataset is None:
         return DataSection(task=_FAMILY_TASK[loaded.config.family], dataset="files", train_files=list(args.files),
                            max_len=loaded.config.max_len, block_size=loaded.config.max_len)
@@ -117,11 +117,10 @@ _FAMILY_TASK = {"encoder-decoder": "translation", "decoder-only": "lm", "encoder
 _IDENTITY = ("checkpoint", "checkpoints", "dataset", "split", "files", "limit", "beam_size", "length_penalty")
 
 
-def _model_labels(data: DataSection, loaded: Pretrained) -> list[str] | None:
+def _model_labels(data: DataSection, loaded: Pretrained, trained: TrainConfig | None) -> list[str] | None:
     """A classifier's classes as its data files write them (SST-2's files write 0/1 for negative/positive)."""
     if data.task != "classification":
         return None
-    trained = saved_train_config(loaded.path)
     if trained is not None and trained.data.dataset == "sst2":
         return list(SST2_LABELS)
     return loaded.labels

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-from aiayn.checkpoint.atomic_io import atomic_write_bytes
+from aiayn.checkpoint.atomic_io import atomic_write_bytes, file_sha256
 from aiayn.data.datasets import resolve_files
 from aiayn.data.encoded import TooLong, limit_lengths
 from aiayn.data.errors import DataError
@@ -142,7 +142,7 @@ def prepare(out_dir: str | Path, splits: dict[str, tuple[Path, Path]], settings:
     if done is not None and done.get("complete"):
         log.info("%s is already prepared from these files: nothing to do", out)
         return out / MANIFEST
-    tokenizer, tok_record = _tokenizer(out, splits["train"], settings, done)
+    tokenizer, tok_record = _tokenizer(out, splits["train"], sources["train"]["lines"], settings, done)
     dtype = shard_dtype(tokenizer.vocab_size, settings.dtype, out / tok_record["file"])
     manifest: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "complete": False, "sources": sources, "tokenizer": tok_record,
@@ -205,8 +205,11 @@ def _differences(old: Any, new: Any, path: str) -> list[str]:
     return [] if old == new else [f"{path}: was {old!r}, now {new!r}"]
 
 
-def _tokenizer(out: Path, train: tuple[Path, Path], settings: PrepareSettings, done: dict[str, Any] | None) -> tuple[Tokenizer, dict[str, Any]]:
-    """The tokenizer of the run: the one a partial prepare already wrote, the given one, or one learned on ``train``."""
+def _tokenizer(
+    out: Path, train: tuple[Path, Path], lines: int, settings: PrepareSettings, done: dict[str, Any] | None,
+) -> tuple[Tokenizer, dict[str, Any]]:
+    """The tokenizer of the run: the one a partial prepare already wrote, the given one, or one learned on
+    ``train`` (``lines`` pairs, as :func:`_check_pair` counted them)."""
     if done is not None:  # resuming: the tokenizer is already there, checked against its hash
         return _load_checked_tokenizer(out, done["tokenizer"], out / PARTIAL), done["tokenizer"]
     if settings.tokenizer is not None:
@@ -216,8 +219,7 @@ def _tokenizer(out: Path, train: tuple[Path, Path], settings: PrepareSettings, d
         tokenizer: Tokenizer = src
     else:
         log.info("learning a byte-level BPE of %d ids on %s and %s", settings.vocab_size, *train)
-        n = count_lines(train[0])[0]
-        tokenizer = BPETokenizer.train(_lines_of(train), settings.vocab_size, min_frequency=settings.min_frequency, length=2 * n)
+        tokenizer = BPETokenizer.train(_lines_of(train), settings.vocab_size, min_frequency=settings.min_frequency, length=2 * lines)
     data = _tokenizer_bytes(tokenizer)
     name = default_file_name(tokenizer)
     shard_dtype(tokenizer.vocab_size, settings.dtype, settings.tokenizer or out / name)  # before anything is written
@@ -236,7 +238,7 @@ def _load_checked_tokenizer(out: Path, record: dict[str, Any], manifest: Path) -
     path = out / record["file"]
     if not path.is_file():
         raise DataError(f"{path}: the tokenizer that {manifest} records is missing; prepare again")
-    got = hashlib.sha256(path.read_bytes()).hexdigest()
+    got = file_sha256(path)
     if got != record["sha256"]:
         raise DataError(
             f"{path} has sha256 {got}, but {manifest} (tokenizer.sha256) records {record['sha256']}: the manifest is "

@@ -54,9 +54,9 @@ def wmt14_files(split: str, *, data_dir: str | Path | None = None, download: boo
 
 def load_wmt14(split: str, *, direction: str = "en-de", data_dir: str | Path | None = None, download: bool = True) -> ParallelText:
     """The sentence pairs of ``split``; ``direction`` ``en-de`` (the paper's) or ``de-en``."""
-    en, de = wmt14_files(split, data_dir=data_dir, download=download)
-    if direction not in ("en-de", "de-en"):
+    if direction not in ("en-de", "de-en"):  # before anything is downloaded
         raise ValueError(f"direction must be 'en-de' or 'de-en', got {direction!r}")
+    en, de = wmt14_files(split, data_dir=data_dir, download=download)
     return read_parallel(en, de) if direction == "en-de" else read_parallel(de, en)
 
 

@@ -191,11 +191,12 @@ def _train(
     _check_lengths(config, model_config)
     _check_vocabularies(data, model_config)
     model = model_class(model_config)(model_config).to(device)
-    precision = resolve_precision(loop.precision, device, n_params=sum(p.numel() for p in model.parameters()), master_ok=master_ok)
+    n_params = sum(p.numel() for p in model.parameters())
+    precision = resolve_precision(loop.precision, device, n_params=n_params, master_ok=master_ok)
     if loop.precision == "auto":
         log.info("train.precision=auto: %s on this %s", precision, device.type)
     if config.data.dataset == "files" and dist_info.is_main:
-        log.info(size_hint(data, sum(p.numel() for p in model.parameters()), pretrained=loop.init_from is not None))
+        log.info(size_hint(data, n_params, pretrained=loop.init_from is not None))
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
     if fsdp:

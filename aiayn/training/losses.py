@@ -82,10 +82,8 @@ def _cross_entropy_sum(logits: Tensor, targets: Tensor, *, ignore_index: int, sm
     count = (targets != ignore_index).sum()
     if not torch.compiler.is_compiling():
         return TokenLoss(ChunkedCrossEntropy.apply(logits, targets.long(), ignore_index, smoothing), count)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()  # log-softmax over a large vocabulary loses too much in 16 bits
-    loss = F.cross_entropy(
-        logits, targets.long(), ignore_index=ignore_index, label_smoothing=smoothing, reduction="sum"
+    loss = F.cross_entropy(  # in fp32 for 16-bit logits: a log-softmax over a large vocabulary loses too much in 16 bits
+        logits.to(_wide(logits.dtype)), targets.long(), ignore_index=ignore_index, label_smoothing=smoothing, reduction="sum"
     )
     return TokenLoss(loss, count)
 
