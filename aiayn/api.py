@@ -141,21 +141,22 @@ class LoadedModel:
         prompts = _as_list(prompt, "prompt")
         if not prompts:
             raise ValueError("prompt is an empty list: give at least one text")
-        ids, mask = left_pad([prompt_ids(tok, p) for p in prompts], pad_id(tok), self.device)
+        prompt_rows = [prompt_ids(tok, p) for p in prompts]
         generator = torch.Generator(device=self.device).manual_seed(seed)
         decoder = CausalLMDecoder(model, static_cache=True)  # the CLI's decoder
         if speculative is not None:
-            rows = self._speculative_rows(decoder, prompts, config, generator, speculative, draft, draft_tokens)
+            rows = self._speculative_rows(decoder, prompt_rows, config, generator, speculative, draft, draft_tokens)
         else:
+            ids, mask = left_pad(prompt_rows, pad_id(tok), self.device)
             rows = run_generation(decoder, ids, mask, config, generator=generator, detokenize=tok.decode).sequences()
         texts = [p + tok.decode(row) for p, row in zip(prompts, rows)]
         return texts[0] if isinstance(prompt, str) else texts
 
     def _speculative_rows(
-        self, decoder: CausalLMDecoder, prompts: list[str], config: Any, generator: torch.Generator, mode: str,
+        self, decoder: CausalLMDecoder, prompts: list[list[int]], config: Any, generator: torch.Generator, mode: str,
         draft: LoadedModel | None, draft_tokens: int,
     ) -> list[list[int]]:
-        """Each prompt's generated ids, decoded one by one speculatively (speculative decoding takes one row)."""
+        """Each prompt's (ids') generated ids, decoded one by one speculatively (speculative decoding takes one row)."""
         if draft is not None and not isinstance(draft, LoadedModel):
             raise ValueError(f"draft must be an aiayn.load(...) model, got {type(draft).__name__}")
         if draft is not None and not same_vocabulary(draft.src_tokenizer, self.src_tokenizer):
@@ -164,8 +165,8 @@ class LoadedModel:
         speculative = SpeculativeDecoder(decoder, mode=mode, draft_tokens=draft_tokens, draft_model=None if draft is None else draft.model)
         tok = self.src_tokenizer
         rows = []
-        for text in prompts:
-            ids = torch.tensor([prompt_ids(tok, text)], device=self.device)
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device=self.device)
             rows.extend(run_generation(speculative, ids, None, config, generator=generator, detokenize=tok.decode).sequences())
         return rows
 

@@ -32,6 +32,9 @@ __all__ = ["Seq2SeqDecoder", "CausalLMDecoder", "StaticState", "as_decoder"]
 
 log = logging.getLogger(__name__)
 
+# The settings whose layers keep keys and values (a cache that can be static, and cropped), and the value that does.
+KV_CACHE_SETTINGS = {"mixer": "attention", "attention": "softmax"}
+
 
 class Seq2SeqDecoder:
     """Decode an :class:`EncoderDecoder`: ``start(src (B, S), src_mask (B, S))`` then one token per step.
@@ -298,9 +301,9 @@ def _decode_one(model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_m
 
 def _static_blocker(model: DecoderOnly) -> str | None:
     """The setting that keeps ``model`` from a static KV cache, as ``name=value``; ``None`` when it has one."""
-    config = model.config
-    for name, value in (("mixer", config.mixer), ("attention", config.attention)):
-        if value != {"mixer": "attention", "attention": "softmax"}[name]:
+    for name, works in KV_CACHE_SETTINGS.items():
+        value = getattr(model.config, name)
+        if value != works:
             return f"{name}={value!r}"
     return "positions='alibi'" if model.positions.kind == "alibi" else None
 

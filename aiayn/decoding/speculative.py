@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder, as_decoder
+from aiayn.decoding.adapters import KV_CACHE_SETTINGS, CausalLMDecoder, Seq2SeqDecoder, as_decoder
 from aiayn.decoding.protocol import DecodeState
 from aiayn.decoding.sampling import GenerationConfig, logits_to_probs, next_token, next_token_probs, sample
 from aiayn.nn.positional import LearnedPositions
@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 SPECULATIVE_MODES = ("prompt-lookup", "draft")
 DEFAULT_DRAFT_TOKENS = 4
 DEFAULT_NGRAM = 3
-# The settings whose caches cannot roll back, and the value that works.
-_CROPPABLE = {"attention": "softmax", "mixer": "attention"}
 
 
 def accept_or_resample(p: Tensor, q: Tensor, draft: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -251,9 +249,10 @@ class SpeculativeDecoder:
     ) -> Tensor:
         """The next token ``(1,)``: plain :func:`~aiayn.decoding.sampling.next_token`, or, for a sampled draft,
         :func:`accept_or_resample` against the distribution :func:`next_token` samples from."""
-        checked = state.checked if isinstance(state, SpeculativeState) else []
+        checked: list[_Checked] = []
         if isinstance(state, SpeculativeState):  # the draft model samples its drafts with the same settings
             state.config, state.generator = config, generator
+            checked = state.checked
         if config.greedy or not checked or checked[0].q is None:
             token = next_token(logits, state, n_generated, config, generator)
         else:
@@ -299,7 +298,7 @@ class SpeculativeDecoder:
 
 def _check_croppable(model: nn.Module, name: str) -> None:
     """``ValueError`` for a model whose generation cache cannot roll back to the accepted tokens."""
-    for key, works in _CROPPABLE.items():
+    for key, works in KV_CACHE_SETTINGS.items():
         value = getattr(model.config, key, works)
         if value != works:
             raise ValueError(f"speculative decoding rolls the {name}'s cache back to the accepted tokens, which "
