@@ -16,7 +16,7 @@ from aiayn.cli.args import finite_float
 from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, precision_options, saved_train_config
 from aiayn.data.datasets import SST2_LABELS
 from aiayn.decoding.beam import BeamConfig
-from aiayn.evaluation.held_out import HELD_OUT_SPLITS, NATURAL_TASK, evaluate_held_out
+from aiayn.evaluation.held_out import DEFAULT_DIRECTION, HELD_OUT_SPLITS, NATURAL_TASK, evaluate_held_out
 from aiayn.pretrained import Pretrained, confine_data_paths, load_pretrained
 from aiayn.training.config import DataSection, TrainConfig
 
@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="score these files, in the task's format: SRC TGT or PAIRS (translation), TEXT (lm), TABLE "
                             "(classification, mlm); the columns and header settings are the training config's")
     parser.add_argument("--dataset", choices=sorted(NATURAL_TASK), help="default: the one the checkpoint was trained on")
-    parser.add_argument("--direction", choices=("de-en", "en-de"), help="multi30k direction (default: as trained)")
+    parser.add_argument("--direction", choices=("de-en", "en-de"), help="translation direction (default: as trained; without a training config, multi30k de-en, "
+                             "wmt14-en-de en-de)")
     parser.add_argument("--data-dir", help="where the data sets are (default: as trained, then $AIAYN_DATA_DIR, then the user cache)")
     parser.add_argument("--beam-size", type=int, default=4, help="translation beam size (default: 4, section 6.1)")
     parser.add_argument("--length-penalty", type=finite_float, default=0.6, help="alpha of the length penalty (default: 0.6)")
@@ -90,7 +91,7 @@ def _data_section(args: argparse.Namespace, loaded: Pretrained, trained: TrainCo
             raise ValueError(f"--dataset is needed: {args.checkpoint[0]} has no training config that says which data "
                              f"set it was trained on; choose one of {sorted(NATURAL_TASK)}")
         max_len = loaded.config.max_len
-        return DataSection(task=NATURAL_TASK[args.dataset], dataset=args.dataset, direction=args.direction or "de-en",
+        return DataSection(task=NATURAL_TASK[args.dataset], dataset=args.dataset, direction=args.direction or DEFAULT_DIRECTION.get(args.dataset, "de-en"),
                            data_dir=args.data_dir, max_len=max_len, block_size=max_len)
     data = trained.data
     changes: dict[str, Any] = {}

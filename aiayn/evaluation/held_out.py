@@ -31,6 +31,7 @@ HELD_OUT_SPLITS: dict[str, tuple[str, ...]] = {
 }
 NATURAL_TASK = {"multi30k": "translation", "tinyshakespeare": "lm", "sst2": "classification",  # without a training config
                 "wmt14-en-de": "translation"}
+DEFAULT_DIRECTION = {"multi30k": "de-en", "wmt14-en-de": "en-de"}  # without a training config: each corpus's usual direction
 METRICS = {
     "translation": "sacreBLEU + chrF", "lm": "perplexity", "mlm": "masked-token loss and accuracy", "classification": "accuracy",
 }

@@ -6,7 +6,6 @@ a ``Normalize`` module, ``sentence_bert_config.json``) says its own pooling; oth
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from aiayn.decoding.protocol import right_pad
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.special import sentence_ids
+from aiayn.untrusted import read_json_file
 from aiayn.validation import check_choice, check_int, rule
 
 __all__ = ["POOLINGS", "Pooling", "embed_ids", "embed_texts", "embedding_pooling", "read_sentence_transformers", "sentence_rows"]
@@ -134,12 +134,8 @@ def _max_seq_length(directory: Path) -> int | None:
 
 
 def _read_json(file: Path) -> Any:
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file}: invalid JSON ({e})") from None
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{file}: no such file (modules.json names it)") from None
+    """A sentence-transformers file of the (untrusted) model directory, through the bounded reader."""
+    return read_json_file(file, what="sentence-transformers file (modules.json names it)")
 
 
 def sentence_rows(tokenizer: Tokenizer, token_ids: Sequence[Sequence[int]], max_tokens: int | None) -> list[list[int]]:

@@ -193,3 +193,17 @@ def test_evaluate_an_mlm_checkpoint_reports_masked_token_metrics(tmp_path, capsy
     assert 0.0 <= metrics["mlm_accuracy"] <= 1.0 and metrics["mlm_loss"] > 0 and metrics["predicted_tokens"] > 0
     with pytest.raises(SystemExit, match="classifier head was never trained"):
         main(["classify", "--checkpoint", str(run.run_dir), "a cat"])
+
+
+@pytest.mark.parametrize(("dataset", "direction"), [("wmt14-en-de", "en-de"), ("multi30k", "de-en")])
+def test_without_a_training_config_the_direction_is_the_corpus_own(dataset, direction):
+    """A checkpoint without train_config.yaml evaluated with --dataset wmt14-en-de reads English -> German (the
+    paper's newstest2014 direction), not multi30k's default de-en; --direction still wins."""
+    import argparse
+
+    from aiayn.cli.evaluate import _data_section
+    loaded = argparse.Namespace(config=argparse.Namespace(max_len=16))  # all _data_section reads of the model
+    args = argparse.Namespace(files=None, dataset=dataset, direction=None, data_dir=None, checkpoint=["x"])
+    assert _data_section(args, loaded, None).direction == direction
+    args.direction = "de-en" if direction == "en-de" else "en-de"
+    assert _data_section(args, loaded, None).direction == args.direction
