@@ -7,10 +7,14 @@ Multi30k's 29k English-German pairs repeated in a new order each time):
 - the batches/s the loader gives (the recipe's micro-batches: 3125 tokens a side), against a base-model step:
   measured here on the CPU, and estimated for one H200 (an estimate, stated with its assumptions).
 
-Each measurement runs in a fresh process, so that peaks are its own. A --pairs of 100000 checks the
-script in a minute or two.
+Each measurement runs in a fresh process, so that peaks are its own. The last lines say, target by target
+(issue 32), whether each one is met. A --pairs of 100000 checks the script in a few minutes.
 
     nice -n 10 python benchmarks/data_scale.py --data-dir ../shared/data --work /tmp/data_scale
+
+A corpus already in --work (or given by --corpus) is used as it is, and so are finished shards: the prepare
+is then not measured again (delete its directory to measure it), only the training processes run.
+--prepared takes a prepared directory made elsewhere (e.g. `aiayn prepare wmt14-en-de`) and skips both.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +36,20 @@ MAX_TOKENS = 3125  # the recipe's micro-batch: 25000 tokens a side over 8 micro-
 PAPER_STEP_S = 12 * 3600 / 100_000
 H200_BF16_FLOPS, ASSUMED_MFU = 790e12, 0.3  # dense bf16 peak; the fraction a 3125-token micro-batch is assumed to reach
 PLANNED_STEP_S = 0.03  # the step docs/training.md plans for on an H200 (launch-bound: 20-40 ms)
+# The targets of issue 32, each checked by the last lines of the report.
+PREPARE_MAX_S, PREPARE_MAX_MB = 600, 4096  # 10 minutes on 2 idle cores, 4 GB
+RSS_GROWTH_MAX_MB = 200  # anonymous RSS of a training process: N pairs against Multi30k's 29k
+FIRST_BATCH_MAX_S = 10  # opening the shards, planning the epoch and collating the first batch
+LOADER_MIN_RATIO = 10  # loader batches/s over the arithmetic H200 step rate, one loader process
+
+
+def cpu() -> str:
+    """The CPU's model name and family (from /proc/cpuinfo) and its core count, for the report's header."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    name = fields.get("model name\t", platform.processor() or platform.machine()).strip()
+    family = fields.get("cpu family\t", "?").strip()
+    return f"{name} (family {family}), {os.cpu_count()} cores"
 
 
 def memory() -> dict[str, int]:
@@ -104,6 +123,7 @@ def run_train(prepared: str, batches: int, step: bool) -> None:
         "pairs": len(data.train.dataset), "data_s": round(data_s, 2), "loader_batches_per_s": round(batches / loader_s, 1),
         "sentences_per_batch": batch.batch_size, "rss_before_data": before, "rss_after_data": memory(),
     }
+    result["loader_2_workers_batches_per_s"] = round(loader_rate(prepared, batches, workers=2), 1)  # after the RSS: workers add processes
     if step:
         model = build_model("paper-base", vocab_size=data.src_tokenizer.vocab_size)
         objective = Objective(model, "translation", label_smoothing=0.1)
@@ -115,6 +135,22 @@ def run_train(prepared: str, batches: int, step: bool) -> None:
         result |= {"step_s": round(time.perf_counter() - step_started, 2),
                    "first_step_s": round(data_s + time.perf_counter() - step_started, 2), "rss_after_step": memory()}
     print(json.dumps(result))
+
+
+def loader_rate(prepared: str, batches: int, *, workers: int) -> float:
+    """Batches/s the training loader gives with ``data.num_workers=workers``, after 50 batches of warm-up (the workers'
+    start): each batch crosses from a worker as its tensors, each over a socket with its own shared memory."""
+    from aiayn.training.config import DataSection
+    from aiayn.training.tasks import build_task_data
+
+    section = DataSection(task="translation", prepared=prepared, max_len=256, max_tokens=MAX_TOKENS, num_workers=workers)
+    loader = (batch for _ in iter(int, 1) for batch in build_task_data(section, seed=0).train)
+    for _ in range(50):
+        next(loader)
+    timed = time.perf_counter()
+    for _ in range(batches):
+        next(loader)
+    return batches / (time.perf_counter() - timed)
 
 
 def base_micro_batch_flops(vocab: int, tokens: int) -> float:
@@ -129,21 +165,26 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", required=True, help="the data root holding multi30k/ (e.g. ../shared/data)")
     p.add_argument("--work", default="/tmp/data_scale", help="where the corpus and shards go (about 2 GB at 4.5M pairs)")
-    p.add_argument("--pairs", type=int, default=4_500_000)
+    p.add_argument("--pairs", type=int, default=4_500_000, help="pairs of the synthetic corpus (not read with --corpus)")
+    p.add_argument("--corpus", nargs=2, metavar=("SRC", "TGT"), help="parallel files to prepare instead of the synthetic corpus")
+    p.add_argument("--prepared", help="a prepared directory to train on as it is: no corpus, no prepare")
     p.add_argument("--batches", type=int, default=300, help="loader batches to time")
     args = p.parse_args()
     work, data_dir = Path(args.work), Path(args.data_dir)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores; python {platform.python_version()}", flush=True)
-    en, de = make_corpus(data_dir, work, args.pairs)
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu()}; load average {os.getloadavg()[0]:.1f}; "
+          f"python {platform.python_version()}", flush=True)
     val = (str(data_dir / "multi30k" / "val.en"), str(data_dir / "multi30k" / "val.de"))
-    big, small = work / f"prepared-{args.pairs}", work / "prepared-29k"
-    prep = child(["_prepare", str(en), str(de), *val, str(big), ""])
-    print(json.dumps(prep), flush=True)
-    print(f"prepare {args.pairs} pairs: {prep['seconds']} s, peak RSS {prep['VmHWM']} MB", flush=True)
-    tokenizer = str(big / "tokenizer.json")  # the 29k shards get the same vocabulary, so the models match
-    child(["_prepare", str(data_dir / "multi30k" / "train.en"), str(data_dir / "multi30k" / "train.de"), *val, str(small), tokenizer])
+    big, prep = big_shards(args, work, data_dir, val)
+    manifest = json.loads((big / "manifest.json").read_text())
+    # The 29k shards get the big ones' vocabulary, so the models match: one directory per tokenizer, made
+    # from a copy of it in --work (a prepare records the tokenizer's path, wherever the big shards are).
+    sha = manifest["tokenizer"]["sha256"][:8]
+    small, tokenizer = work / f"prepared-29k-{sha}", work / f"tokenizer-{sha}.json"
+    if not tokenizer.is_file():
+        shutil.copyfile(big / manifest["tokenizer"]["file"], tokenizer)
+    child(["_prepare", str(data_dir / "multi30k" / "train.en"), str(data_dir / "multi30k" / "train.de"), *val, str(small),
+           str(tokenizer)])
     runs = {"29k": child(["_train", str(small), str(args.batches), "0"]), "big": child(["_train", str(big), str(args.batches), "1"])}
     for r in runs.values():
         print(json.dumps(r), flush=True)  # the raw numbers, whatever the lines below make of them
@@ -154,19 +195,63 @@ def main() -> None:
               f"{r['loader_batches_per_s']} batches/s of about {r['sentences_per_batch']} sentences", flush=True)
     grown = runs["big"]["rss_after_data"]["VmHWM"] - runs["29k"]["rss_after_data"]["VmHWM"]
     anon = runs["big"]["rss_after_data"]["RssAnon"] - runs["29k"]["rss_after_data"]["RssAnon"]
-    print(f"training RSS over the data, {args.pairs} pairs minus 29k: peak {grown:+d} MB, anonymous {anon:+d} MB")
+    pairs = runs["big"]["pairs"]
+    print(f"training RSS over the data, {pairs} pairs minus 29k: peak {grown:+d} MB, anonymous {anon:+d} MB")
     big_run = runs["big"]
     print(f"base model (paper-base), one step on {big_run['sentences_per_batch']} sentences here: {big_run['step_s']} s; "
           f"the first step done {big_run['first_step_s']} s after opening the shards (model building excluded); "
           f"peak RSS then {big_run['rss_after_step']['VmHWM']} MB")
-    vocab = json.loads((big / "manifest.json").read_text())["tokenizer"]["vocab_size"]
-    arithmetic = H200_BF16_FLOPS * ASSUMED_MFU / base_micro_batch_flops(vocab, MAX_TOKENS)
+    arithmetic = H200_BF16_FLOPS * ASSUMED_MFU / base_micro_batch_flops(manifest["tokenizer"]["vocab_size"], MAX_TOKENS)
     loader = big_run["loader_batches_per_s"]
     print(f"a base-model micro-batch step, estimated: {1 / PAPER_STEP_S:.1f}/s on a P100 (the paper's rate); on an H200 "
           f"{arithmetic:.0f}/s from the arithmetic (bf16 at {ASSUMED_MFU:.0%} of {H200_BF16_FLOPS / 1e12:.0f} TFLOP/s), "
           f"{1 / PLANNED_STEP_S:.0f}/s at the {PLANNED_STEP_S * 1000:.0f} ms a step docs/training.md plans for (estimates)")
     print(f"loader / H200 step rate: {loader / arithmetic:.1f}x (arithmetic), {loader * PLANNED_STEP_S:.1f}x (planned), "
-          "with one loader process; data.num_workers adds processes")
+          "with one loader process")
+    workers = big_run["loader_2_workers_batches_per_s"]
+    print(f"with data.num_workers=2: {workers} batches/s ({workers / loader:.2f}x the one process): each batch's tensors "
+          "cross from a worker one by one over a socket, which costs the training process more than reading the batch")
+    report_targets(prep, anon, grown, big_run, arithmetic, pairs)
+
+
+def big_shards(args: argparse.Namespace, work: Path, data_dir: Path, val: tuple[str, str]) -> tuple[Path, dict | None]:
+    """The shards to measure, and the prepare's measurement (None when the shards were already there)."""
+    if args.prepared:
+        print(f"training on {args.prepared} as it is: the prepare is not measured", flush=True)
+        return Path(args.prepared), None
+    en, de = (Path(f) for f in args.corpus) if args.corpus else make_corpus(data_dir, work, args.pairs)
+    big = work / (f"prepared-{args.pairs}" if not args.corpus else f"prepared-{en.stem}")
+    if (big / "manifest.json").is_file():
+        print(f"{big} is already prepared: its shards are used as they are and the prepare is not measured "
+              "(delete the directory to measure it)", flush=True)
+        return big, None
+    if (big / "manifest.partial.json").is_file():
+        print(f"{big}: an interrupted prepare, resumed: its time is that of the rest only", flush=True)
+    prep = child(["_prepare", str(en), str(de), *val, str(big), ""])
+    print(json.dumps(prep), flush=True)
+    print(f"prepare {en.name}: {prep['seconds']} s, peak RSS {prep['VmHWM']} MB", flush=True)
+    return big, prep
+
+
+def report_targets(prep: dict | None, anon: int, grown: int, run: dict, arithmetic: float, pairs: int) -> None:
+    """One line per target of issue 32: the measured value, the bound, and met / NOT MET."""
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT MET"
+
+    print(f"targets (issue 32), on {pairs} pairs:")
+    if prep is None:
+        print(f"  prepare <= {PREPARE_MAX_S} s and <= {PREPARE_MAX_MB} MB peak RSS: not measured in this run (shards reused)")
+    else:
+        ok = prep["seconds"] <= PREPARE_MAX_S and prep["VmHWM"] <= PREPARE_MAX_MB
+        print(f"  prepare <= {PREPARE_MAX_S} s and <= {PREPARE_MAX_MB} MB peak RSS: {prep['seconds']} s, {prep['VmHWM']} MB: "
+              f"{verdict(ok)}")
+    print(f"  training RSS growth over 29k pairs <= {RSS_GROWTH_MAX_MB} MB (anonymous: the process's own memory): {anon:+d} MB: "
+          f"{verdict(anon <= RSS_GROWTH_MAX_MB)} (peak RSS {grown:+d} MB, with the shard pages the page cache shares and can drop)")
+    print(f"  first step's batch <= {FIRST_BATCH_MAX_S} s after opening the shards: {run['data_s']} s: "
+          f"{verdict(run['data_s'] <= FIRST_BATCH_MAX_S)} (the step itself, {run['step_s']} s on this CPU, is milliseconds on an H200)")
+    loader = run["loader_batches_per_s"]
+    print(f"  loader >= {LOADER_MIN_RATIO}x the arithmetic H200 step rate ({LOADER_MIN_RATIO * arithmetic:.0f} batches/s), "
+          f"one process: {loader} batches/s = {loader / arithmetic:.1f}x: {verdict(loader >= LOADER_MIN_RATIO * arithmetic)}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Data: readers, named data sets, encoded data sets, batch plans, a resumable loader, batch types."""
 
 from aiayn.data.batch import IGNORE_INDEX, ClassificationBatch, LMBatch, MLMBatch, TranslationBatch
-from aiayn.data.batching import BatchPlan, FixedSizeBatchSampler, TokenBudgetBatchSampler
+from aiayn.data.batching import Batches, BatchPlan, FixedSizeBatchSampler, TokenBudgetBatchSampler
 from aiayn.data.datasets import (
     DATASETS,
     ENV_VAR,
@@ -15,7 +15,7 @@ from aiayn.data.download import fetch_file
 from aiayn.data.encoded import Ragged, TooLong
 from aiayn.data.errors import DataError, DownloadError
 from aiayn.data.lm import RandomWindowSampler, SequentialBlockSampler, TokenStream, collate_lm, split_text
-from aiayn.data.loader import ResumableLoader
+from aiayn.data.loader import ResumableLoader, fetch
 from aiayn.data.mlm import MLMCollate, mask_tokens
 from aiayn.data.readers import (
     LabeledText,
@@ -27,7 +27,7 @@ from aiayn.data.readers import (
     read_text,
 )
 from aiayn.data.sentences import ClassificationDataset, SentenceDataset, collate_classification
-from aiayn.data.translation import TranslationDataset, collate_translation
+from aiayn.data.translation import PairBatch, TranslationDataset, collate_translation
 
 __all__ = [
     "IGNORE_INDEX",
@@ -36,6 +36,7 @@ __all__ = [
     "MLMBatch",
     "ClassificationBatch",
     "BatchPlan",
+    "Batches",
     "TokenBudgetBatchSampler",
     "FixedSizeBatchSampler",
     "DATASETS",
@@ -56,6 +57,7 @@ __all__ = [
     "collate_lm",
     "split_text",
     "ResumableLoader",
+    "fetch",
     "MLMCollate",
     "mask_tokens",
     "ParallelText",
@@ -69,5 +71,6 @@ __all__ = [
     "ClassificationDataset",
     "collate_classification",
     "TranslationDataset",
+    "PairBatch",
     "collate_translation",
 ]

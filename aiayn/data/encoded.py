@@ -1,10 +1,12 @@
 """Encoded sequences: compact storage, the ``max_len`` policy, and padding into a batch tensor.
 
-Sequences are stored as one flat int32 array plus offsets (cheap to hand to DataLoader workers).
+Sequences are stored as one flat integer array plus offsets (cheap to hand to DataLoader workers); a
+batch of them is padded with a few array operations, not a loop over its rows.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Literal, Sequence
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aiayn.data.batching import padded_length
+from aiayn.data.batching import index_dtype, padded_length
 from aiayn.data.errors import DataError
 from aiayn.tokenization.special import PAD_ID
 
@@ -29,16 +31,47 @@ TOO_LONG_OPTIONS: tuple[str, ...] = ("error", "drop", "truncate")
 class Ragged:
     """``n`` integer sequences of varying length: sequence ``i`` is ``values[offsets[i]:offsets[i + 1]]``."""
 
-    values: np.ndarray  # (sum of lengths,) int32
-    offsets: np.ndarray  # (n + 1,) int64
+    values: np.ndarray  # (sum of lengths,) int32 (or a prepared corpus's uint16 / uint32 ids)
+    offsets: np.ndarray  # (n + 1,) int64, offsets[0] = 0
 
     @classmethod
     def from_lists(cls, seqs: Sequence[Sequence[int]]) -> Ragged:
-        lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        values = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(offsets[-1]))
-        return cls(values, offsets)
+        values = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=sum(map(len, seqs)))
+        return cls(values, _offsets(np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))))
+
+    @classmethod
+    def from_arrays(cls, seqs: Sequence[np.ndarray]) -> Ragged:
+        """Sequences given as arrays (a batch of examples), joined by one ``np.concatenate``; their dtype is kept."""
+        if len(seqs) == 0:
+            return cls(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
+        values = np.concatenate(seqs)
+        if values.dtype.kind not in "iu":  # rows given as lists, some empty: [] concatenates as float
+            values = values.astype(np.int64)
+        return cls(values, _offsets(np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))))
+
+    @classmethod
+    def gather(
+        cls, parts: Sequence[np.ndarray], starts: np.ndarray, lengths: np.ndarray, bounds: np.ndarray | None = None,
+    ) -> Ragged:
+        """Sequence ``r`` = ``part[starts[r] : starts[r] + lengths[r]]`` (``starts`` int64), copied in a few array
+        operations, no loop over the sequences. ``part`` is ``parts[0]``, or with ``bounds`` (sequences grouped by
+        part) ``parts[p]`` for ``bounds[p] <= r < bounds[p + 1]``: one gather per part (e.g. the shards of a corpus)."""
+        offsets = _offsets(lengths)
+        # where each token of the result lies in its part: its sequence's start, plus its place in the sequence
+        source = (starts - offsets[:-1]).repeat(lengths)  # ndarray methods: a batch is small, NumPy's wrappers would show
+        source += np.arange(offsets[-1])
+        return cls(take_grouped(parts, source, None if bounds is None else offsets[bounds]), offsets)
+
+    def take(self, rows: np.ndarray) -> Ragged:
+        """Sequences ``rows`` (an integer array), in that order."""
+        return Ragged.gather([self.values], self.offsets[rows], self.lengths[rows])
+
+    def append(self, value: int, where: np.ndarray) -> Ragged:
+        """These sequences, with ``value`` added at the end of each one where ``where`` (bool, one per sequence) is set."""
+        values = np.insert(self.values, self.offsets[1:][where], value)
+        offsets = self.offsets.copy()
+        offsets[1:] += np.cumsum(where)
+        return Ragged(values, offsets)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -48,14 +81,41 @@ class Ragged:
 
     @property
     def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
+        return self.offsets[1:] - self.offsets[:-1]
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    lengths.cumsum(out=offsets[1:])
+    return offsets
+
+
+def take_grouped(
+    parts: Sequence[np.ndarray], positions: np.ndarray, bounds: np.ndarray | None = None,
+    mode: Literal["raise", "wrap", "clip"] = "raise",
+) -> np.ndarray:
+    """``part[positions[i]]`` for every ``i`` (along the first axis), where ``part`` is ``parts[0]``, or with
+    ``bounds`` ``parts[p]`` for ``bounds[p] <= i < bounds[p + 1]``: one ``take`` per part, into its slice.
+
+    ``parts`` are arrays of one dtype and trailing shape: the shards of a side (their tokens, or their
+    ``(offset, length)`` index), the lines of a batch grouped by shard. ``mode``: ``ndarray.take``'s."""
+    if bounds is None:
+        return parts[0].take(positions, axis=0, mode=mode)  # ndarray.take: faster than fancy indexing for a small batch
+    if len(bounds) != len(parts) + 1:
+        raise ValueError(f"bounds must have len(parts) + 1 = {len(parts) + 1} entries, got {len(bounds)}")
+    out = np.empty((len(positions), *parts[0].shape[1:]), dtype=parts[0].dtype)
+    ends = bounds.tolist()
+    for part, start, stop in zip(parts, ends[:-1], ends[1:]):
+        if start < stop:
+            part.take(positions[start:stop], axis=0, out=out[start:stop], mode=mode)
+    return out
 
 
 @dataclass(frozen=True)
 class LengthLimit:
     """Outcome of :func:`limit_lengths`: the examples kept, and which of them must be truncated."""
 
-    keep: np.ndarray  # indices into the original examples
+    keep: np.ndarray  # indices into the original examples (int32 while they fit)
     truncate: np.ndarray  # bool, one per kept example
     n_dropped: int
     n_truncated: int
@@ -73,11 +133,12 @@ def limit_lengths(lengths: Sequence[np.ndarray], max_len: int | None, too_long: 
     n = len(lengths[0])
     if n == 0:
         raise DataError(f"no {what}: the data set is empty")
+    index = index_dtype(n)  # keep: int32 indices while they fit (18 MB, not 36, for 4.5M pairs)
     if max_len is None:
-        return LengthLimit(np.arange(n), np.zeros(n, dtype=bool), 0, 0)
+        return LengthLimit(np.arange(n, dtype=index), np.zeros(n, dtype=bool), 0, 0)
     if max_len < 2:
         raise ValueError(f"max_len must be >= 2 (room for a token and an end marker), got {max_len}")
-    longest = np.max(np.stack(lengths), axis=0)
+    longest = functools.reduce(np.maximum, lengths)  # (N,) in the lengths' dtype: no (sides, N) stack
     over = longest > max_len
     n_over = int(over.sum())
     if n_over and too_long == "error":
@@ -90,7 +151,7 @@ def limit_lengths(lengths: Sequence[np.ndarray], max_len: int | None, too_long: 
     if too_long == "drop":
         if n_over:
             logger.info("dropped %d of %d %s longer than max_len=%d tokens", n_over, n, what, max_len)
-        keep = np.flatnonzero(~over)
+        keep = np.flatnonzero(~over).astype(index)
         if len(keep) == 0:
             raise DataError(
                 f"all {n} {what} are longer than max_len={max_len} tokens and were dropped: the data set is empty; "
@@ -99,24 +160,28 @@ def limit_lengths(lengths: Sequence[np.ndarray], max_len: int | None, too_long: 
         return LengthLimit(keep, np.zeros(len(keep), dtype=bool), n_over, 0)
     if n_over:
         logger.info("truncated %d of %d %s longer than max_len=%d tokens", n_over, n, what, max_len)
-    return LengthLimit(np.arange(n), over, 0, n_over)
+    return LengthLimit(np.arange(n, dtype=index), over, 0, n_over)
 
 
 def pad_batch(
-    seqs: Sequence[np.ndarray], *, prefix: int | None = None, suffix: int | None = None, multiple: int = 1,
+    seqs: Sequence[np.ndarray] | Ragged, *, prefix: int | None = None, suffix: int | None = None, multiple: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """Stack ``prefix + seq + suffix`` rows padded with ``PAD_ID`` -> ``(ids (B, L) long, lengths (B,) long)``;
-    ``L`` is the longest row rounded up to ``multiple`` (:func:`~aiayn.data.batching.padded_length`)."""
-    if len(seqs) == 0:
+    ``L`` is the longest row rounded up to ``multiple`` (:func:`~aiayn.data.batching.padded_length`).
+
+    ``seqs``: the rows as arrays, or as one :class:`Ragged` (a batch fetched whole, e.g. from shards);
+    either way they are placed with one masked assignment, not a loop over the rows."""
+    rows = seqs if isinstance(seqs, Ragged) else Ragged.from_arrays(seqs)
+    if len(rows) == 0:
         raise ValueError("cannot pad an empty batch: seqs has no sequences")
     start = 0 if prefix is None else 1
-    extra = start + (0 if suffix is None else 1)
-    lengths = np.fromiter((len(s) + extra for s in seqs), dtype=np.int64, count=len(seqs))
-    out = np.full((len(seqs), padded_length(int(lengths.max()), multiple)), PAD_ID, dtype=np.int64)
+    n = rows.lengths  # (B,) tokens of each row
+    lengths = n + (start + (0 if suffix is None else 1))
+    out = np.full((len(n), padded_length(int(lengths.max()), multiple)), PAD_ID, dtype=np.int64)
     if prefix is not None:
         out[:, 0] = prefix
-    for b, s in enumerate(seqs):
-        out[b, start : start + len(s)] = s
-        if suffix is not None:
-            out[b, start + len(s)] = suffix
+    body = out[:, start:]
+    body[np.arange(body.shape[1]) < n[:, None]] = rows.values[rows.offsets[0] : rows.offsets[-1]]  # row-major: row by row
+    if suffix is not None:
+        out[np.arange(len(n)), start + n] = suffix
     return torch.from_numpy(out), torch.from_numpy(lengths)

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from aiayn.data.batch import LMBatch
-from aiayn.data.batching import EpochSampler, check_seed
+from aiayn.data.batching import Batches, EpochSampler, check_seed
 from aiayn.data.errors import DataError
 from aiayn.tokenization.base import Tokenizer
 
@@ -86,10 +86,10 @@ class RandomWindowSampler(EpochSampler):
         )
         self.epoch, self._cache = 0, None
 
-    def _plan(self, epoch: int) -> list[list[int]]:
+    def _plan(self, epoch: int) -> Batches:
         rng = np.random.default_rng([self.seed, epoch])
         starts = rng.integers(0, self.n_windows, size=(self.batches_per_epoch, self.batch_size))
-        return starts.tolist()
+        return Batches.split(starts.ravel(), self.batch_size)
 
 
 class SequentialBlockSampler(EpochSampler):
@@ -99,12 +99,12 @@ class SequentialBlockSampler(EpochSampler):
     def __init__(self, stream: TokenStream, batch_size: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.starts = list(range(0, stream.n_windows, stream.block_size))
+        self.starts = np.arange(0, stream.n_windows, stream.block_size)
         self.batch_size, self.seed = batch_size, 0
         self.epoch, self._cache = 0, None
 
-    def _plan(self, epoch: int) -> list[list[int]]:
-        return [self.starts[i : i + self.batch_size] for i in range(0, len(self.starts), self.batch_size)]
+    def _plan(self, epoch: int) -> Batches:
+        return Batches.split(self.starts, self.batch_size)
 
 
 def collate_lm(examples: Sequence[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator | None = None) -> LMBatch:

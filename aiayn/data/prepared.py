@@ -3,12 +3,9 @@
 A prepared directory holds the tokenizer, per split and side the shards of :mod:`aiayn.data.shards`
 (``train.src.00000.bin`` + ``.idx.npy``, ...), and ``manifest.json``: the source files' sha256 and
 line counts, the tokenizer's sha256 and the settings. Training opens the shards with
-``numpy.memmap``: nothing is tokenized again, every rank shares the page cache, and the process's
-memory does not hold the corpus. A source file or tokenizer that changed since is refused, naming it.
-
-Each example is what :class:`~aiayn.data.translation.TranslationDataset` makes of a pair (source
-ids + EOS, target ids), so the same batches come out; ``max_len`` / ``too_long`` are applied when
-the shards are opened, from the index alone. A prepare that stops part way keeps its finished shards
+``numpy.memmap`` and reads them as :class:`~aiayn.data.prepared_pairs.PreparedPairs`: nothing is
+tokenized again, every rank shares the page cache, and the process's memory does not hold the corpus.
+A source file or tokenizer that changed since is refused, naming it. A prepare that stops part way keeps its finished shards
 (``manifest.partial.json`` says which) and continues from there when run again.
 """
 
@@ -24,14 +21,14 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes, file_sha256
 from aiayn.data.datasets import resolve_files
-from aiayn.data.encoded import TooLong, limit_lengths
+from aiayn.data.encoded import TooLong
 from aiayn.data.errors import DataError
+from aiayn.data.prepared_pairs import PreparedPairs, PreparedSide
 from aiayn.data.readers import read_lines
-from aiayn.data.shards import Shard, flatten, open_shard, shard_dtype, write_shard
+from aiayn.data.shards import flatten, open_shard, shard_dtype, write_shard
 from aiayn.data.verified import check_file, remember
 from aiayn.data.wmt14 import wmt14_files
 from aiayn.tokenization.base import Tokenizer
@@ -285,62 +282,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-class _Side:
-    """One side of a split: its shards end to end; line ``i`` is line ``i % shard_lines`` of shard ``i // shard_lines``."""
-
-    def __init__(self, shards: list[Shard], shard_lines: int) -> None:
-        self.shards, self.shard_lines = shards, shard_lines
-        self._mapped: tuple[list[np.ndarray], list[np.ndarray]] | None = None  # each shard's (tokens, index), once mapped
-
-    def lengths(self) -> np.ndarray:
-        return np.concatenate([np.asarray(s.lengths) for s in self.shards])
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        if self._mapped is None:
-            self._mapped = [s.tokens for s in self.shards], [s.index for s in self.shards]
-        k, j = divmod(int(i), self.shard_lines)
-        offset, length = self._mapped[1][k][j].tolist()
-        return self._mapped[0][k][offset : offset + length]
-
-    def __getstate__(self) -> dict[str, object]:
-        return {"shards": self.shards, "shard_lines": self.shard_lines, "_mapped": None}  # a worker maps the files itself
-
-
-class PreparedPairs(Dataset):
-    """Sentence pairs read from shards: item ``i`` is ``(source ids + EOS, target ids)`` as in ``TranslationDataset``.
-
-    ``src_lengths``/``tgt_lengths`` are the ``S``/``T`` each example takes in a batch, from the index alone.
-    """
-
-    def __init__(self, src: _Side, tgt: _Side, *, max_len: int | None, too_long: TooLong, eos_id: int) -> None:
-        src_len, tgt_len = src.lengths(), tgt.lengths() + 1
-        limit = limit_lengths([src_len, tgt_len], max_len, too_long, "sentence pairs")
-        self.src, self.tgt, self.eos_id, self.cap, self.n = src, tgt, eos_id, max_len or 0, len(limit.keep)
-        self.n_dropped, self.n_truncated = limit.n_dropped, limit.n_truncated
-        # None when every line is kept / none is cut: 9 bytes a line less in the process and in every worker
-        self.keep = limit.keep if limit.n_dropped else None
-        self.truncate = limit.truncate if limit.n_truncated else None
-        # A truncated pair is cut on both sides, as TranslationDataset.encode cuts it (see __getitem__).
-        kept_src, kept_tgt = (src_len, tgt_len) if self.keep is None else (src_len[self.keep], tgt_len[self.keep])
-        self.src_lengths = np.where(limit.truncate, np.minimum(kept_src, self.cap - 1) + 1, kept_src).astype(np.int32)
-        self.tgt_lengths = np.where(limit.truncate, np.minimum(kept_tgt, self.cap), kept_tgt).astype(np.int32)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        line = i if self.keep is None else self.keep[i]
-        s, t = self.src[line], self.tgt[line]
-        if self.truncate is not None and self.truncate[i]:  # as TranslationDataset.encode: cap - 1 source ids and EOS, cap - 1 target ids
-            s = np.append(s[: self.cap - 1], self.eos_id)
-            t = t[: self.cap - 1]
-        return s, t
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A DataLoader worker only reads examples: the lengths (for the batch plan) stay in the main process.
-        return {k: v for k, v in self.__dict__.items() if k not in ("src_lengths", "tgt_lengths")}
-
-
 @dataclass
 class Prepared:
     """An opened prepared directory: its manifest, its tokenizer, and its splits as datasets."""
@@ -362,7 +303,7 @@ class Prepared:
         for side in SIDES:
             shards = [open_shard(self.directory, r["name"], settings["shard_dtype"], lines=r["lines"], tokens=r["tokens"])
                       for r in self.manifest["shards"][f"{split}.{side}"]]
-            sides.append(_Side(shards, settings["shard_lines"]))
+            sides.append(PreparedSide(shards, settings["shard_lines"]))
         return PreparedPairs(sides[0], sides[1], max_len=max_len, too_long=too_long, eos_id=settings["eos_id"])
 
 

@@ -7,7 +7,8 @@ encoder sees where the sentence ends) and ``y`` = the target ids; the batch make
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -19,7 +20,7 @@ from aiayn.nn.masks import padding_mask_from_lengths
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.special import BOS_ID, EOS_ID, encode_sources, special_ids
 
-__all__ = ["TranslationDataset", "collate_translation"]
+__all__ = ["TranslationDataset", "PairBatch", "collate_translation"]
 
 
 class TranslationDataset(Dataset):
@@ -81,19 +82,50 @@ class TranslationDataset(Dataset):
         return self.tgt.lengths + 1
 
 
+@dataclass(frozen=True, eq=False)
+class PairBatch:
+    """A batch of ``(src, y)`` examples held as two :class:`Ragged` sides, so the collate pads each side
+    without a loop over the pairs: what :meth:`~aiayn.data.prepared_pairs.PreparedPairs.__getitems__` returns.
+    It is also a sequence of the pairs (item ``i`` is ``(src[i], tgt[i])``), for any other collate."""
+
+    src: Ragged
+    tgt: Ragged
+
+    @classmethod
+    def of(cls, examples: Sequence[tuple[np.ndarray, np.ndarray]] | PairBatch) -> PairBatch:
+        """``examples`` as a PairBatch: itself when it is one, else its pairs' sides joined."""
+        if isinstance(examples, PairBatch):
+            return examples
+        return cls(Ragged.from_arrays([e[0] for e in examples]), Ragged.from_arrays([e[1] for e in examples]))
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"pair {i} out of range for a batch of {len(self)}")
+        i = i % len(self)  # Ragged reads offsets[i + 1]: no negative index
+        return self.src[i], self.tgt[i]
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return (self[i] for i in range(len(self)))
+
+
 def collate_translation(
-    examples: Sequence[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator | None = None,
+    examples: Sequence[tuple[np.ndarray, np.ndarray]] | PairBatch, rng: np.random.Generator | None = None,
     *, bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_to_multiple: int = 1,
 ) -> TranslationBatch:
-    """Pad ``(src, y)`` examples into a :class:`TranslationBatch` (``rng`` is unused: no randomness).
+    """Pad ``(src, y)`` examples (a list of pairs, or a :class:`PairBatch`) into a :class:`TranslationBatch`
+    (``rng`` is unused: no randomness).
 
     ``bos_id`` / ``eos_id``: the target tokenizer's (Marian starts from its pad id and ends with 0);
     ``pad_to_multiple``: both lengths are rounded up to a multiple of it (masked padding).
     """
     m = pad_to_multiple
-    src, src_len = pad_batch([e[0] for e in examples], multiple=m)
-    tgt_in, tgt_len = pad_batch([e[1] for e in examples], prefix=bos_id, multiple=m)
-    tgt_out, _ = pad_batch([e[1] for e in examples], suffix=eos_id, multiple=m)
+    pairs = PairBatch.of(examples)
+    src, src_len = pad_batch(pairs.src, multiple=m)
+    tgt_in, tgt_len = pad_batch(pairs.tgt, prefix=bos_id, multiple=m)
+    tgt_out, _ = pad_batch(pairs.tgt, suffix=eos_id, multiple=m)
     return TranslationBatch(
         src=src,
         tgt_in=tgt_in,

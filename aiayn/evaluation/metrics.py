@@ -24,6 +24,7 @@ from aiayn.data import (
     TokenStream,
     collate_classification,
     collate_lm,
+    fetch,
 )
 from aiayn.decoding.beam import BeamConfig
 from aiayn.decoding.ensemble import mean_log_probs
@@ -89,9 +90,9 @@ def evaluate_lm(
     stream = TokenStream.encode(text, tokenizer, block_size)
     device = next(models[0].parameters()).device
     total, count = 0.0, 0
-    plan = list(SequentialBlockSampler(stream, batch_size).batches(0))
+    plan = SequentialBlockSampler(stream, batch_size).batches(0)
     for batch_ids in tqdm(plan, desc="scoring", unit="batch", disable=not progress, dynamic_ncols=True):
-        batch = collate_lm([stream[i] for i in batch_ids]).to(device)
+        batch = collate_lm(fetch(stream, batch_ids)).to(device)
         log_probs = mean_log_probs([m(batch.input) for m in models])
         total += float(torch.nn.functional.nll_loss(log_probs.flatten(0, 1), batch.target.flatten(), reduction="sum"))
         count += batch.target.numel()

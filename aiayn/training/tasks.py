@@ -30,6 +30,7 @@ from aiayn.data import (
 )
 from aiayn.data.batching import BatchPlan
 from aiayn.data.datasets import SST2_CLASS_NAMES
+from aiayn.data.loader import fetch
 from aiayn.data.prepared import open_prepared
 from aiayn.tokenization import train_tokenizer, train_tokenizer_pair
 from aiayn.tokenization.base import Tokenizer
@@ -119,7 +120,8 @@ def build_task_data(
         train_stream = TokenStream.encode(train_raw, tok, data.block_size)
         val_stream = TokenStream.encode(val_raw, tok, data.block_size)
         train_plan = RandomWindowSampler(train_stream, data.batch_size, seed=seed)
-        train = ResumableLoader(train_stream, train_plan, collate_lm, num_workers=data.num_workers, rank=rank, world_size=world_size)
+        train = ResumableLoader(train_stream, train_plan, collate_lm, collate_rng=False, num_workers=data.num_workers,
+                                rank=rank, world_size=world_size)
         val = _collate_all(val_stream, SequentialBlockSampler(val_stream, data.batch_size), collate_lm)
         return TaskData(data.task, train, val, tok, tok, train_tokens=len(train_stream.tokens))
 
@@ -163,14 +165,16 @@ def _assemble(
     rank: int,
     world_size: int,
 ) -> TaskData:
-    train = ResumableLoader(train_set, plan(train_set, True), collate, num_workers=data.num_workers, rank=rank, world_size=world_size)
+    random = data.task == "mlm"  # the only collate that draws (its masks); the others get no generator
+    train = ResumableLoader(train_set, plan(train_set, True), collate, collate_rng=random, num_workers=data.num_workers,
+                            rank=rank, world_size=world_size)
     val = _collate_all(val_set, plan(val_set, False), collate)
     return TaskData(data.task, train, val, tokenizers[0], tokenizers[1])
 
 
 def _collate_all(dataset: Dataset, plan: BatchPlan, collate: Callable[..., Any]) -> list[Any]:
     """Every batch of one epoch, collated once; the fixed generator makes MLM masks the same each time."""
-    return [collate([dataset[i] for i in batch], np.random.default_rng([0, k])) for k, batch in enumerate(plan.batches(0))]
+    return [collate(fetch(dataset, batch), np.random.default_rng([0, k])) for k, batch in enumerate(plan.batches(0))]
 
 
 def _bpe_size(data: DataSection) -> int | None:

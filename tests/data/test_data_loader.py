@@ -17,6 +17,7 @@ from aiayn.data import (
     TokenBudgetBatchSampler,
     TranslationDataset,
     collate_translation,
+    fetch,
 )
 from aiayn.tokenization import CharTokenizer
 
@@ -124,3 +125,47 @@ def test_load_state_dict_rejects_a_different_setup(translation: TranslationDatas
         _loader(translation).load_state_dict({k: v for k, v in state.items() if k != "epoch"})
     with pytest.raises(ValueError, match="position must be an int >= 0, got -1"):
         _loader(translation).load_state_dict({**state, "position": -1})
+
+
+def test_a_collate_that_draws_nothing_gets_no_generator(translation: TranslationDataset) -> None:
+    given = []
+
+    def collate(examples, rng):
+        given.append(rng)
+        return collate_translation(examples)
+
+    plan = TokenBudgetBatchSampler([translation.src_lengths, translation.tgt_lengths], 120, seed=5)
+    loader = ResumableLoader(translation, plan, collate, collate_rng=False)
+    assert _take(loader, 5) == _take(_loader(translation), 5) and given == [None] * 5
+
+
+class _Whole(torch.utils.data.Dataset):
+    """Reads a batch whole (module level: a worker unpickles it)."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> int:
+        raise AssertionError("read item by item")
+
+    def __getitems__(self, indices: np.ndarray) -> list[int]:
+        return (indices * 10).tolist()
+
+
+class _ByItem(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> tuple[type, int]:
+        return type(i), i
+
+
+def _as_is(examples, rng):
+    return examples
+
+
+def test_fetch_reads_a_batch_whole_when_the_data_set_can() -> None:
+    assert fetch(_Whole(), np.array([3, 1], dtype=np.int32)) == [30, 10]
+    assert fetch(_ByItem(), np.array([3, 1], dtype=np.int32)) == [(int, 3), (int, 1)]  # Python ints, as the lists of old plans gave
+    loader = ResumableLoader(_Whole(), FixedSizeBatchSampler(10, 4, shuffle=False), _as_is, num_workers=1)
+    assert list(loader) == [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90]]  # in a worker too

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import aiayn.data.prepared as prepared_module
-from aiayn.data import DataError
+from aiayn.data import DataError, TranslationDataset, read_parallel
 from aiayn.data.prepared import MANIFEST, PARTIAL, PrepareSettings, open_prepared, prepare, tokenizer_sha256
 from aiayn.data.shards import shard_dtype
 from aiayn.tokenization import BPETokenizer, load_tokenizer
@@ -100,15 +100,41 @@ def test_memmap_loader_gives_the_in_memory_loaders_batches_on_multi30k(shared_da
     assert_same_batches(val_a, val_b)
 
 
-def test_dropping_long_pairs_gives_the_in_memory_batches(corpus, tmp_path):
+@pytest.mark.parametrize("too_long", ["drop", "truncate"])
+def test_long_pairs_dropped_or_truncated_give_the_in_memory_batches(corpus, tmp_path, too_long):
+    """Two shards a side, read a batch at a time (``__getitems__``): every batch of an epoch, and the validation
+    batches, equal the in-memory path's bit for bit."""
     prepare(tmp_path / "prep", corpus, SMALL)
     tok = open_prepared(tmp_path / "prep").tokenizer
-    common = dict(task="translation", max_len=12, too_long="drop", max_tokens=200)
+    common = dict(task="translation", max_len=12, too_long=too_long, max_tokens=200)
     files = dict(dataset="files", train_files=[str(p) for p in corpus["train"]], val_files=[str(p) for p in corpus["val"]])
     in_memory = build_task_data(DataSection(**files, **common), seed=1, tokenizers=(tok, tok))
     from_shards = build_task_data(DataSection(prepared=str(tmp_path / "prep"), **common), seed=1)
-    assert from_shards.train.dataset.n_dropped == in_memory.train.dataset.n_dropped > 0
-    assert_same_batches(batches_of(in_memory)[0], batches_of(from_shards)[0])
+    counts = [(d.train.dataset.n_dropped, d.train.dataset.n_truncated) for d in (in_memory, from_shards)]
+    assert counts[0] == counts[1] and max(counts[0]) > 0
+    (train_a, val_a), (train_b, val_b) = batches_of(in_memory), batches_of(from_shards)
+    assert_same_batches(train_a, train_b)
+    assert_same_batches(val_a, val_b)
+
+
+@pytest.mark.parametrize("too_long", ["drop", "truncate"])
+def test_a_batch_read_at_once_holds_the_in_memory_pairs(corpus, tmp_path, too_long):
+    """``PreparedPairs.__getitems__`` (lines of both shards in any order, some cut) against ``TranslationDataset``'s
+    items; the lengths the plan is made from are the same, in 16 bits."""
+    prepare(tmp_path / "prep", corpus, SMALL)
+    opened = open_prepared(tmp_path / "prep")
+    pairs = opened.pairs("train", max_len=12, too_long=too_long)
+    reference = TranslationDataset.encode(read_parallel(*corpus["train"]), opened.tokenizer, opened.tokenizer, max_len=12,
+                                          too_long=too_long)
+    assert len(pairs) == len(reference) and pairs.src_lengths.dtype == pairs.tgt_lengths.dtype == np.uint16
+    assert np.array_equal(pairs.src_lengths, reference.src_lengths) and np.array_equal(pairs.tgt_lengths, reference.tgt_lengths)
+    order = np.random.default_rng(0).permutation(len(pairs))
+    batch = pairs.__getitems__(order)
+    assert len(batch) == len(pairs)
+    for k, i in enumerate(order.tolist()):
+        for got, want in zip(batch[k], reference[i]):
+            assert got.tolist() == want.tolist(), (i, too_long)
+        assert [a.tolist() for a in pairs[i]] == [a.tolist() for a in reference[i]]
 
 
 def test_a_changed_source_file_is_refused_naming_it(corpus, tmp_path):
