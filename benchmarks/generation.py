@@ -15,6 +15,12 @@ The bandwidth bound: at batch 1 every step reads every weight once, so tokens/s 
 (copy bandwidth) / (bytes of the weights read per token); the copy bandwidth is measured in the same
 run (``dst.copy_(src)`` of 256 MiB, read + written bytes over time).
 
+What is left outside the weights: for each of our variants, a share of a decode step's wall time (timed
+without the profiler) that is not spent in the kernels that read the weights (torch.profiler's self time of
+``aten::addmm``/``mm``, oneDNN's ``_linear_pointwise``, the int8 and int4 kernels; one row a token, so
+each is a weight read). The rest is attention, norms, activations, casts, the cache writes, the argmax, the
+dispatch of every op and the Python between them.
+
     python benchmarks/generation.py                                   # everything (long on 2 cores)
     python benchmarks/generation.py --batches 1 --threads 2 --rounds 3
     python benchmarks/generation.py --variants ours-bf16,hf-fp32 --profile ours-bf16
@@ -151,8 +157,11 @@ def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
 # --------------------------------------------------------------------------- runners
 
 
-def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str], new_tokens: int) -> dict[str, tuple[Callable[[Tensor], Tensor], nn.Module]]:
-    """name -> (ids (B, P) -> generated (B, N), the model it reads), for the variants asked for. Packs ``ours``
+Runner = tuple[Callable[[Tensor], Tensor], nn.Module, CausalLMDecoder | None]
+
+
+def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str], new_tokens: int) -> dict[str, Runner]:
+    """name -> (ids (B, P) -> generated (B, N), the model it reads, our decoder or ``None``), for the variants asked for. Packs ``ours``
     in place; an unpacked copy is kept only when an ``-unpacked`` variant is asked for (GPT-2 small: 0.5 GB)."""
     config = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_id=None)
     models: dict[str, nn.Module] = {}
@@ -180,20 +189,20 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
             return out[:, ids.shape[1]:]
         return run
 
-    runners: dict[str, tuple[Callable[[Tensor], Tensor], nn.Module]] = {}
+    runners: dict[str, Runner] = {}
     for name in names:
         if name.startswith("hf-"):
             model = peer if name == "hf-fp32" else peer_bf16
-            runners[name] = (hf_with(model), model)  # type: ignore[arg-type]
+            runners[name] = (hf_with(model), model, None)  # type: ignore[arg-type]
             continue
         model = models["unpacked" if name.endswith("-unpacked") else name.split("-")[1]]
         if name.endswith("-dynamic"):
-            decoder: object = CausalLMDecoder(model)
+            decoder = CausalLMDecoder(model)
         elif name.endswith("-uncached"):
             decoder = CausalLMDecoder(model, use_cache=False)
         else:
             decoder = CausalLMDecoder(model, static_cache=True, compile=name.endswith("-compiled"))
-        runners[name] = (ours_with(decoder), model)
+        runners[name] = (ours_with(decoder), model, decoder)
     return runners
 
 
@@ -228,6 +237,7 @@ class Row:
     agree: int
     bound_tokens_per_s: float | None
     rates: tuple[float, ...]
+    outside: float | None = None  # the share of a decode step outside the weight kernels (ours only)
 
 
 def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threads: int, bandwidth: float) -> list[Row]:
@@ -236,22 +246,49 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
     runners = decoder_only_runners(ours, peer, args.variants, args.new_tokens)
     torch.manual_seed(1)
     ids = torch.randint(1, shape.vocab_size - 1, (batch, args.prompt))
-    outputs = {name: run(ids) for name, (run, _) in runners.items()}  # warm-up (and compilation), and the tokens
+    outputs = {name: run(ids) for name, (run, _, _) in runners.items()}  # warm-up (and compilation), and the tokens
     reference = outputs.get("hf-fp32")
     if reference is not None and "ours-fp32" in outputs and not torch.equal(outputs["ours-fp32"], reference):
         log.warning("ours-fp32 tokens differ from hf-fp32: %d leading steps agree", leading_agreement(outputs["ours-fp32"], reference))
-    times = interleaved({n: (lambda run=run: run(ids)) for n, (run, _) in runners.items()}, args.rounds)
+    times = interleaved({n: (lambda run=run: run(ids)) for n, (run, _, _) in runners.items()}, args.rounds)
     rows = []
-    for name, (_, model) in runners.items():
+    for name, (_, model, decoder) in runners.items():
         rates = tuple(batch * args.new_tokens / t for t in times[name])
         agree = leading_agreement(outputs[name], reference) if reference is not None else -1
         bound = batch * bandwidth / weight_bytes(model) if not name.endswith("-uncached") else None
-        rows.append(Row(batch, threads, name, statistics.median(rates), agree, bound, rates))
+        outside = outside_the_weights(decoder, ids, min(16, args.new_tokens)) if decoder is not None else None
+        rows.append(Row(batch, threads, name, statistics.median(rates), agree, bound, rates, outside))
     if args.profile:
         for name in args.profile:
             if name in runners:
                 print(profile_table(name, lambda run=runners[name][0]: run(ids)))
     return rows
+
+
+# The kernels that read a Linear layer's weight (fp32/bf16 through MKL or oneDNN, int8, int4), as torch.profiler names them.
+WEIGHT_KERNELS = frozenset({"aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm",
+                            "aten::_weight_int4pack_mm_for_cpu"})
+
+
+def outside_the_weights(decoder: CausalLMDecoder, ids: Tensor, steps: int) -> float:
+    """The share of a decode step's wall time spent outside :data:`WEIGHT_KERNELS`: ``1 - median(kernel time) /
+    median(step time)`` over ``steps`` steps timed without the profiler and, alternating with them (so that both
+    see the same load), ``steps`` steps profiled one by one for the kernels' self time; after two warm-up steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    state, logits = decoder.start(ids, max_new_tokens=2 * steps + 2)
+    tokens = logits.argmax(-1)
+    for _ in range(2):
+        tokens = decoder.step(tokens, state).argmax(-1)
+    walls, kernels = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        tokens = decoder.step(tokens, state).argmax(-1)
+        walls.append(time.perf_counter() - start)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            tokens = decoder.step(tokens, state).argmax(-1)
+        kernels.append(sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in WEIGHT_KERNELS) / 1e6)  # us -> s
+    return 1 - statistics.median(kernels) / statistics.median(walls)
 
 
 def profile_table(name: str, fn: Callable[[], object], rows: int = 15) -> str:
@@ -345,8 +382,9 @@ def bench_llama_cpp(args: argparse.Namespace, shape: Shape, rows: Sequence[Row])
 def format_rows(rows: Sequence[Row], new_tokens: int) -> str:
     by_key = {(r.batch, r.threads, r.variant): r for r in rows}
     lines = [
-        "| batch | threads | variant | tok/s (median) | vs hf-fp32 | vs hf, same dtype | target | leading tokens = hf-fp32 | bandwidth bound tok/s |",
-        "| ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| batch | threads | variant | tok/s (median) | vs hf-fp32 | vs hf, same dtype | target | leading tokens = hf-fp32 | bandwidth bound tok/s "
+        "| outside the weights, % of a token |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for r in rows:
         base = by_key.get((r.batch, r.threads, "hf-fp32"))
@@ -362,7 +400,8 @@ def format_rows(rows: Sequence[Row], new_tokens: int) -> str:
                 target = f">= {want} x {peer_name}: " + ("met" if got >= want else f"missed by {want - got:.2f} ({got / want:.0%} of it)")
         bound = f"{r.bound_tokens_per_s:,.1f}" if r.bound_tokens_per_s else "-"
         agree = f"{r.agree}/{new_tokens}" if r.agree >= 0 else "-"
-        lines.append(f"| {r.batch} | {r.threads} | {r.variant} | {r.tokens_per_s:,.2f} | {vs} | {vs_same} | {target} | {agree} | {bound} |")
+        outside = f"{r.outside:.0%}" if r.outside is not None else "-"
+        lines.append(f"| {r.batch} | {r.threads} | {r.variant} | {r.tokens_per_s:,.2f} | {vs} | {vs_same} | {target} | {agree} | {bound} | {outside} |")
     return "\n".join(lines)
 
 
@@ -440,6 +479,8 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, fl
                 rows += bench_decoder_only(args, shape, batch, threads, bandwidth)
         print(f"\ndecoder-only, prompt {args.prompt}, {args.new_tokens} greedy tokens, median of {args.rounds} interleaved rounds")
         print(format_rows(rows, args.new_tokens))
+        print("outside the weights: 1 - (the median step's time in the kernels that read the weights, torch.profiler's self "
+              "time) / (the median step's wall time, unprofiled); 16 steps of each, alternating")
         if args.llama_cpp == "auto" and 1 in args.batches:
             print(bench_llama_cpp(args, shape, rows))
     beams = []

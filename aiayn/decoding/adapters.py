@@ -15,6 +15,7 @@ own ``forward`` with an explicit cache object (:mod:`aiayn.nn.cache`).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 import torch
@@ -113,8 +114,8 @@ class Seq2SeqDecoder:
 @dataclass
 class StaticState(DecodeState):
     """A :class:`DecodeState` over a static cache, plus ``key_mask (B, S_max)`` (``False`` at left padding;
-    ``None`` without padding) and ``column (1,)``, the cache column of the next token (a tensor updated
-    in place, so compiled steps never recompile)."""
+    ``None`` without padding, unless the step is compiled) and ``column (1,)``, the cache column of the next
+    token (a tensor updated in place, so compiled steps never recompile)."""
 
     key_mask: Tensor | None = None
     column: Tensor | None = None
@@ -139,12 +140,15 @@ class CausalLMDecoder:
     window is re-encoded from scratch (cached keys would hold the old positions).
 
     ``static_cache=True``: softmax attention keeps its keys and values in buffers preallocated for prompt
-    + new tokens (:class:`~aiayn.nn.cache.StaticLayerCache`: fixed shapes, no host reads); the ring
-    buffer of local attention and the states of linear attention and the SSM are of fixed size anyway;
-    ALiBi (its bias counts keys from the last column) and runs past learned positions keep the growing
-    cache. ``compile=True`` (implies it) compiles the one-token step (``fullgraph=True, dynamic=False``)
-    and raises ``ValueError`` at once for a model without a static KV cache. The prefill checks the
-    prompt's ids; a compiled step does not check the model's own tokens.
+    + new tokens (:class:`~aiayn.nn.cache.StaticLayerCache`: fixed buffers, attention over the filled
+    columns only); the ring buffer of local attention and the states of linear attention and the SSM are of
+    fixed size anyway; ALiBi (its bias counts keys from the last column) and runs past learned positions
+    keep the growing cache. ``compile=True`` (implies it) compiles the one-token step (``fullgraph=True``)
+    and raises ``ValueError`` at once for a model without a static KV cache: one graph for every prompt
+    length, ``max_new_tokens`` and step (the filled width and the buffers' length are dynamic, the rest
+    static), whose guards check layer 0 for all layers (:func:`_step_guards`: build a new decoder after
+    changing the model's layers). The prefill checks the prompt's ids; a compiled step does not check the
+    model's own tokens.
     """
 
     def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False, compile: bool = False) -> None:
@@ -157,7 +161,9 @@ class CausalLMDecoder:
         _warn_if_training(model)
         self.model, self.use_cache, self.compiled = model, use_cache, compile
         self.static_cache = (static_cache or compile) and blocker is None
-        self._step = torch.compile(_decode_one, fullgraph=True, dynamic=False) if compile else _decode_one
+        self._step = _decode_one
+        if compile:
+            self._step = torch.compile(_decode_one, fullgraph=True, dynamic=False, options={"guard_filter_fn": _step_guards})
         # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
         # scores depend only on distances, which left padding does not change.
         self._column_positions = model.positions.kind in ("alibi", "none")
@@ -200,7 +206,12 @@ class CausalLMDecoder:
     def step(self, tokens: Tensor, state: DecodeState) -> Tensor:
         state.append(tokens)
         if isinstance(state, StaticState) and state.column is not None:
-            logits = self._step(self.model, tokens[:, None], state.cache, state.key_mask, state.column - state.pads)
+            key_mask = state.key_mask
+            if self.compiled and key_mask is not None:
+                key_mask = key_mask[:, : state.tokens.shape[1]]  # the columns filled so far: attention reads only these
+                # Its width marked dynamic, so one graph serves every length (no recompilation, no bucketing).
+                torch._dynamo.mark_dynamic(key_mask, 1)
+            logits = self._step(self.model, tokens[:, None], state.cache, key_mask, state.column - state.pads)
             state.column.add_(1)  # in place: the next step's column
             return logits
         if self._outgrows_window(state):
@@ -237,16 +248,24 @@ class CausalLMDecoder:
             positions.embed(positions.table.new_zeros(1, 1, positions.d_model), total - 1)  # grow the table now, not in a graph
         batch, prompt_len = ids.shape
         pads = (~mask).sum(dim=1)  # (B,)
-        key_mask = None
-        if bool(pads.any()):
-            key_mask = torch.ones(batch, total, dtype=torch.bool, device=ids.device)
+        # Compiled: one spare column, so that the filled width never reaches the buffers' (a slice of every
+        # column is contiguous, a shorter one is not, and the graph would be specialised on which).
+        columns = total + 1 if self.compiled else total
+        padded, key_mask = bool(pads.any()), None
+        if padded or self.compiled:  # a compiled step always takes one: its width is the filled length
+            key_mask = torch.ones(batch, columns, dtype=torch.bool, device=ids.device)
             key_mask[:, :prompt_len] = mask
+        cache = self.model.new_cache(max_len=columns)
         state = StaticState(
             tokens=ids, mask=mask, max_new_tokens=torch.full((batch,), max_new_tokens, device=ids.device), pads=pads,
-            cache=self.model.new_cache(max_len=total), key_mask=key_mask,
-            column=torch.full((1,), prompt_len, dtype=torch.long, device=ids.device),
+            cache=cache, key_mask=key_mask, column=torch.full((1,), prompt_len, dtype=torch.long, device=ids.device),
         )
-        return state, self.model(ids, key_mask, cache=state.cache, offset=-pads)[:, -1]
+        logits = self.model(ids, key_mask if padded else None, cache=cache, offset=-pads)[:, -1]
+        if self.compiled:  # the buffers (the prefill allocated them) of any length: one graph for every prompt and max_new_tokens
+            for layer in cache.self_attn:
+                torch._dynamo.mark_dynamic(layer.k, 2)
+                torch._dynamo.mark_dynamic(layer.v, 2)
+        return state, logits
 
     def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
         state.select(index, same_sources=same_sources)
@@ -297,6 +316,19 @@ def as_decoder(model: nn.Module | Decoder, *, use_cache: bool = True, static_cac
 def _decode_one(model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor) -> Tensor:
     """One token per row ``tokens (B, 1)`` at positions ``offset (B,)`` through the model's forward: logits ``(B, V)``."""
     return model(tokens, key_mask, cache=cache, offset=offset)[:, -1]
+
+
+# A guard's source in a layer after the first: its modules and weights, or its cache.
+_LATER_LAYER = re.compile(r"\._modules\['layers'\]\._modules\['[1-9][0-9]*'\]|\.self_attn\[[1-9][0-9]*\]")
+
+
+def _step_guards(entries: list) -> list[bool]:
+    """Which guards the compiled step keeps (torch.compile's ``guard_filter_fn``): all but those on the layers
+    after the first. One :class:`~aiayn.nn.blocks.LayerSpec` builds every layer alike and one ``new_cache``
+    allocates every layer's cache alike, so layer 0's guards (its modules, the dtypes and shapes of its
+    weights and cache) stand for all of them, and a step checks as many guards for 48 layers as for 2.
+    What this trusts: that the model's layers are not changed one by one after the decoder is built."""
+    return [not _LATER_LAYER.search(entry.name) for entry in entries]
 
 
 def _static_blocker(model: DecoderOnly) -> str | None:

@@ -124,7 +124,7 @@ class Int4Linear(nn.Module):
         if out.shape[-1] != self.out_features:
             out = out[:, : self.out_features]
         if self.bias is not None:
-            out = out + self.bias.to(compute)
+            out = out + self.bias  # in the bias's dtype (the model's): bf16 + fp32 is computed in fp32, no cast of the bias
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -123,6 +123,12 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
         self.register_buffer("scale", torch.ones(out_features, dtype=torch.float32, device=device))
         self.bias = nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False) if bias else None
+        # The scales in the dtype the kernel computes in, derived from `scale` (never saved), so that no call
+        # casts them: re-derived in eager calls when `scale` changes; a compiled graph reads it as it is.
+        self.kernel_scale: Tensor
+        self.register_buffer("kernel_scale", torch.ones(out_features, dtype=torch.bfloat16, device=device), persistent=False)
+        self._kernel_key: tuple = ()
+        self.register_load_state_dict_post_hook(lambda module, keys: module.repack())
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -135,32 +141,39 @@ class Int8Linear(nn.Module):
         module.scale.copy_(scale)
         if linear.bias is not None and module.bias is not None:
             module.bias.data = linear.bias.detach().clone()
+        module.repack()
         return module
 
-    def _scale_as(self, dtype: torch.dtype) -> Tensor:
-        """The scales in ``dtype``, cast once (again only if the scales change)."""
-        key = (dtype, self.scale.data_ptr(), self.scale._version)
-        if getattr(self, "_scale_key", None) != key:
-            self._scale_cast, self._scale_key = self.scale.to(dtype), key
-        return self._scale_cast
+    def _key(self, dtype: torch.dtype) -> tuple:
+        return (dtype, self.scale.data_ptr(), self.scale._version)
+
+    @torch.no_grad()
+    def repack(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Derive :attr:`kernel_scale`, the scales in ``dtype``, from ``scale`` (after a load, a fusion or a change)."""
+        self.kernel_scale = self.scale.to(dtype)
+        self._kernel_key = self._key(dtype)
 
     def dequantized(self) -> Tensor:
         """The fp32 weight ``(N, K)`` this layer computes with (for tests and error measurements)."""
         return self.weight.float() * self.scale[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations."""
+        """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations, and the
+        bias is added in its own dtype (the model's) as the output widens back to it (one op, no cast of the bias)."""
         compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         flat = x.reshape(-1, self.in_features).to(compute)  # (M, K): the kernel takes 2-D inputs
+        if not torch.compiler.is_compiling() and self._key(compute) != self._kernel_key:
+            self.repack(compute)
+        scale = self.kernel_scale if self.kernel_scale.dtype == compute else self.kernel_scale.to(compute)
         if self.in_features % _KERNEL_K_MULTIPLE == 0:
             if torch.compiler.is_compiling():
-                out = weight_int8_mm(flat, self.weight, self.scale.to(compute))
+                out = weight_int8_mm(flat, self.weight, scale)
             else:  # eager: the op's body without the dispatcher (a few us a call, 73 calls a GPT-2 step)
-                out = _weight_int8_mm(flat, self.weight, self._scale_as(compute))
+                out = _weight_int8_mm(flat, self.weight, scale)
         else:  # correct but slow: dequantise per call (the kernel requires K % 16 == 0)
-            out = F.linear(flat, self.weight.to(compute) * self.scale.to(compute)[:, None])
+            out = F.linear(flat, self.weight.to(compute) * scale[:, None])
         if self.bias is not None:
-            out = out + self.bias.to(compute)
+            out = out + self.bias  # bf16 + fp32 is computed in fp32: the add widens the output
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -12,7 +12,6 @@ from aiayn.models.config import DecoderOnlyConfig
 from aiayn.nn.blocks import TransformerStack
 from aiayn.nn.cache import KVCache
 from aiayn.nn.embedding import TokenEmbedding
-from aiayn.nn.masks import check_padding_mask
 
 __all__ = ["DecoderOnly"]
 
@@ -45,9 +44,9 @@ class DecoderOnly(nn.Module):
     ) -> Tensor:
         """``ids (B, T)`` -> logits ``(B, T, V)``.
 
-        ``pad_mask``: bool, ``True`` = real token; ``(B, T)``, or with a ``cache`` ``(B, cache.mask_width(T))``:
-        all positions so far (a static cache: all its columns). Without a cache it is derived from
-        ``config.pad_id`` when omitted.
+        ``pad_mask``: bool, ``True`` = real token; ``(B, T)``, or with a ``cache`` ``(B, S)``: all positions so
+        far (a static cache: its first ``S`` columns, see :meth:`KVCache.check_padding_mask`). Without a cache
+        it is derived from ``config.pad_id`` when omitted.
         ``offset``: position of the first token, an int or ``(B,)`` per row (default: the cache length).
         """
         logits, _ = self._run(ids, pad_mask, cache, offset, return_weights=False)
@@ -70,7 +69,7 @@ class DecoderOnly(nn.Module):
         else:
             check_token_ids(ids, self.config.vocab_size, "ids")
             if pad_mask is not None:
-                check_padding_mask(pad_mask, "pad_mask", shape=(ids.shape[0], cache.mask_width(ids.shape[1])))
+                cache.check_padding_mask(pad_mask, ids.shape[0], ids.shape[1], "pad_mask")
         if offset is None:
             offset = cache.length if cache is not None else 0
         x = self.dropout(self.positions.embed(self.embed(ids), offset))  # (B, T, D)

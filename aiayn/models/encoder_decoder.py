@@ -78,7 +78,7 @@ class EncoderDecoder(nn.Module):
         """``tgt (B, T)`` ids over ``memory (B, S, D)`` -> logits ``(B, T, V)``.
 
         With a ``cache`` (see :meth:`new_cache`), ``tgt`` holds only the new positions and
-        ``tgt_mask``, if given, covers all target positions so far ``(B, cache.mask_width(T))``.
+        ``tgt_mask``, if given, covers all target positions so far ``(B, S)`` (see :meth:`KVCache.check_padding_mask`).
         """
         logits, _ = self._decode(tgt, memory, src_mask, tgt_mask, cache, return_weights=False)
         return logits
@@ -123,7 +123,7 @@ class EncoderDecoder(nn.Module):
         else:
             check_token_ids(tgt, self.config.target_vocab_size, "tgt")
             if tgt_mask is not None:
-                check_padding_mask(tgt_mask, "tgt_mask", shape=(tgt.shape[0], cache.mask_width(tgt.shape[1])))
+                cache.check_padding_mask(tgt_mask, tgt.shape[0], tgt.shape[1], "tgt_mask")
         if src_mask is not None:
             check_padding_mask(src_mask, "src_mask", shape=tuple(memory.shape[:2]))
         x = self.tgt_positions.embed(self.tgt_embed(tgt), offset)  # (B, T, D)

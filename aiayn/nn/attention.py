@@ -92,6 +92,7 @@ def scaled_dot_product_attention(
         out = q.new_zeros(batch, heads, q_len, v.shape[-1])
         return out, (q.new_zeros(batch, heads, q_len, k_len) if return_weights else None)
     k, v = repeat_kv(k, v, heads)
+    causal = causal and q_len > 1  # lower-right aligned: one query is the last position and sees every key
 
     # Fold the causal constraint into the mask only when a mask is needed anyway; the plain causal
     # case with T == S goes to the fused kernel through is_causal.

@@ -15,6 +15,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from aiayn.nn.masks import check_padding_mask
+
 __all__ = ["CacheLayer", "LayerCache", "StaticLayerCache", "KVCache"]
 
 
@@ -70,9 +72,15 @@ class LayerCache:
 
 class StaticLayerCache:
     """Keys and values of one self-attention layer in ``(B, Hkv, max_len, D)`` buffers (gpt-fast), allocated
-    by the first :meth:`update`. The next column is a tensor advanced in place, so a step has fixed shapes
-    and reads nothing back to the host; ``update`` returns the whole buffers and a mask hiding, for each
-    query, the columns after its own (combined with a padding mask over all ``max_len`` columns)."""
+    by the first :meth:`update`. The next column is a tensor advanced in place, so a step has fixed buffers
+    and a compiled step reads nothing back to the host.
+
+    Attention reads only the columns filled so far: eagerly on the CPU, where the filled length is a cheap
+    host read, ``update`` returns the filled part as the growing cache does; elsewhere (compiled, or on a
+    device where a host read would wait for it) it returns the first ``mask.shape[-1]`` columns (all
+    ``max_len`` without a mask) and a mask hiding, for each query, the columns after its own. A compiled
+    decoder passes a padding mask as wide as the filled part, its width marked dynamic, so one graph
+    serves every length (see :class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
 
     def __init__(self, max_len: int) -> None:
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
@@ -87,19 +95,31 @@ class StaticLayerCache:
         return int(self.next_column)  # a host read: for eager callers only
 
     def update(self, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor, Tensor | None, bool]:
-        """Write ``k, v (B, Hkv, T, D)`` at the next ``T`` columns; attend over the buffers, ``mask (B|1, 1, T, max_len)``."""
+        """Write ``k, v (B, Hkv, T, D)`` at the next ``T`` columns; return the keys and values to attend over
+        (``(B, Hkv, S, D)``, ``S`` the filled length or, see above, the mask's width) with their mask and
+        causal flag. ``mask``: a padding mask ``(B|1, 1, T|1, W)`` over the first ``W <= max_len`` columns.
+
+        Raises ``ValueError`` (eagerly on the CPU) when the ``T`` columns do not fit ``max_len``."""
         if self.k is None or self.v is None:
             self.k = k.new_zeros(k.shape[0], k.shape[1], self.max_len, k.shape[3])
             self.v = v.new_zeros(v.shape[0], v.shape[1], self.max_len, v.shape[3])
             self.next_column = self.next_column.to(k.device)
+        if k.device.type == "cpu" and not torch.compiler.is_compiling():
+            start = int(self.next_column)
+            end = start + k.shape[2]
+            if end > self.max_len:
+                raise ValueError(f"static cache holds max_len={self.max_len} positions, asked for {end}")
+            self.k[:, :, start:end] = k
+            self.v[:, :, start:end] = v
+            self.next_column.fill_(end)
+            return self.k[:, :, :end], self.v[:, :, :end], None if mask is None else mask[..., :end], causal
         columns = self.next_column + torch.arange(k.shape[2], device=k.device)  # (T,)
-        if k.device.type == "cpu" and not torch.compiler.is_compiling() and int(columns[-1]) >= self.max_len:
-            raise ValueError(f"static cache holds max_len={self.max_len} positions, asked for {int(columns[-1]) + 1}")
         self.k.index_copy_(2, columns, k.to(self.k.dtype))
         self.v.index_copy_(2, columns, v.to(self.v.dtype))
         self.next_column.add_(k.shape[2])
-        visible = (torch.arange(self.max_len, device=k.device)[None, :] <= columns[:, None])[None, None]  # (1, 1, T, S)
-        return self.k, self.v, visible if mask is None else mask & visible, False
+        width = self.k.shape[2] if mask is None else mask.shape[-1]  # the buffers' shape, not max_len: a graph need not specialise on it
+        visible = (torch.arange(width, device=k.device)[None, :] <= columns[:, None])[None, None]  # (1, 1, T, W)
+        return self.k[:, :, :width], self.v[:, :, :width], visible if mask is None else mask & visible, False
 
     def reorder(self, index: Tensor) -> None:
         _keep_rows(self, index)
@@ -123,9 +143,19 @@ class KVCache:
         """How many positions the decoder has processed: the position of the next token."""
         return self.self_attn[0].length if self.self_attn else 0
 
-    def mask_width(self, new: int) -> int:
-        """The columns a padding mask covers when ``new`` positions are fed: a static cache's ``max_len``, else all so far."""
-        return self.self_attn[0].max_len if isinstance(self.self_attn[0], StaticLayerCache) else self.length + new
+    def check_padding_mask(self, mask: Tensor, batch: int, new: int, name: str) -> None:
+        """Raise ``TypeError``/``ValueError`` unless ``mask`` is a bool ``(B, S)`` padding mask over the positions
+        so far, the ``new`` ones included: ``S = length + new``; with a static cache ``S <= max_len`` (its first
+        ``S`` columns, at least those filled so far: the cache hides the unfilled ones itself, and reading its
+        length would wait for a device)."""
+        check_padding_mask(mask, name)
+        static = self.self_attn[0] if self.self_attn and isinstance(self.self_attn[0], StaticLayerCache) else None
+        if static is not None:
+            max_len = static.max_len if static.k is None else static.k.shape[2]  # the buffers' shape: a graph need not specialise on it
+            if mask.shape[0] != batch or mask.shape[1] > max_len:
+                raise ValueError(f"{name} must have shape ({batch}, S) with S <= the static cache's max_len={max_len}, got {tuple(mask.shape)}")
+        if static is None and tuple(mask.shape) != (batch, self.length + new):
+            raise ValueError(f"{name} must have shape {(batch, self.length + new)} (every position so far), got {tuple(mask.shape)}")
 
     def reorder(self, index: Tensor, *, self_only: bool = False) -> None:
         """Keep batch rows ``index`` in every layer (``self_only``: leave the cross-attention caches,

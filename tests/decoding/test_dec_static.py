@@ -47,3 +47,63 @@ def test_alibi_takes_the_general_decoder_and_refuses_compile():
                        generate(CausalLMDecoder(model), ids, mask, CONFIG).tokens)
     with pytest.raises(ValueError, match="compile=True needs a static KV cache .* this model has positions='alibi': decode it without compile"):
         CausalLMDecoder(model, compile=True)
+
+
+def _teacher_forced(decoder, ids, mask, feed, max_new_tokens):
+    """Logits ``(STEPS + 1, B, V)``: after the prefill, then after feeding each row of ``feed (STEPS, B)``."""
+    state, logits = decoder.start(ids, mask, max_new_tokens=max_new_tokens)
+    return torch.stack([logits] + [decoder.step(token, state) for token in feed])
+
+
+def test_static_cache_attends_over_the_filled_columns_only(monkeypatch):
+    """Eagerly on the CPU a static cache hands attention only the columns filled so far; the path a compiled
+    step traces (every column, the unfilled ones masked) gives the same logits."""
+    import aiayn.nn.kernels as kernels
+
+    widths = []
+    attend = kernels.scaled_dot_product_attention
+
+    def spy(q, k, v, **options):
+        widths.append(k.shape[2])
+        return attend(q, k, v, **options)
+
+    monkeypatch.setattr(kernels, "scaled_dot_product_attention", spy)
+    model = gpt("rotary")
+    ids, mask = left_pad(random_rows([5, 2, 3]))
+    feed = torch.tensor([[7, 8, 9], [10, 11, 12], [13, 14, 15]])
+    filled = _teacher_forced(CausalLMDecoder(model, static_cache=True), ids, mask, feed, 8)
+    assert widths == [width for width in (5, 6, 7, 8) for _ in range(model.config.n_layers)]
+    widths.clear()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # the traced path, run eagerly
+    every_column = _teacher_forced(CausalLMDecoder(model, static_cache=True), ids, mask, feed, 8)
+    assert set(widths) == {5 + 8}
+    torch.testing.assert_close(every_column, filled, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
+    """One graph serves 40 steps and another prompt and max_new_tokens (the attended width and the buffers'
+    length are dynamic), its guards look at layer 0 only (so their cost does not grow with the layers), and
+    its logits are the eager static cache's."""
+    from aiayn.decoding import adapters
+
+    kept = []
+    keep_guards = adapters._step_guards
+
+    def recording(entries):
+        keep = keep_guards(entries)
+        kept.extend(entry.name for entry, k in zip(entries, keep) if k)
+        return keep
+
+    monkeypatch.setattr(adapters, "_step_guards", recording)
+    torch._dynamo.reset()  # forget graphs other tests compiled (they would count as recompilations here)
+    model = gpt("rotary", n_layers=3)
+    compiled, eager = CausalLMDecoder(model, compile=True), CausalLMDecoder(model, static_cache=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for prompt_len, steps in [(4, 40), (7, 9)]:
+            ids = torch.tensor(random_rows([prompt_len]))
+            feed = torch.tensor(random_rows([steps], seed=prompt_len)[0])[:, None]  # (steps, 1), tokens as argmax gives them
+            torch.testing.assert_close(_teacher_forced(compiled, ids, None, feed, steps + 2),
+                                       _teacher_forced(eager, ids, None, feed, steps + 2), rtol=1e-4, atol=1e-4)
+    assert any("_modules['0']" in name for name in kept) and any("self_attn[0]" in name for name in kept)
+    assert not [name for name in kept if "_modules['1']" in name or "_modules['2']" in name or "self_attn[1]" in name]

@@ -92,3 +92,29 @@ def test_unknown_choices_are_named(tmp_path, argument, value, message):
     save_pretrained(tmp_path / "m", tiny())
     with pytest.raises(ValueError, match=message):
         load_pretrained(tmp_path / "m", **{argument: value})
+
+
+def test_an_eager_decode_step_casts_only_where_the_activations_change_dtype():
+    """A bf16 model, int8 or not, decodes a step without a single cast; an fp32 model with int8 layers (which
+    compute in bf16) casts each layer's input to bf16 and widens its output back, and nothing else: no
+    scale, bias, position or cache casts."""
+    import copy
+
+    from torch.profiler import profile
+
+    from aiayn.decoding import CausalLMDecoder
+    from aiayn.inference import cast_model
+
+    def casts(model):
+        decoder = CausalLMDecoder(model, static_cache=True)
+        state, logits = decoder.start(torch.tensor([[5, 6, 7]]), max_new_tokens=4)
+        tokens = decoder.step(logits.argmax(-1), state).argmax(-1)  # the first step
+        with profile() as prof:
+            decoder.step(tokens, state)
+        return sum(event.count for event in prof.key_averages() if event.key == "aten::_to_copy")
+
+    model = tiny()
+    assert casts(cast_model(copy.deepcopy(model), torch.bfloat16)) == 0
+    assert casts(cast_model(quantize_int8(copy.deepcopy(model)), torch.bfloat16)) == 0
+    int8 = quantize_int8(copy.deepcopy(model))
+    assert casts(int8) == 2 * sum(isinstance(m, Int8Linear) for m in int8.modules())
