@@ -57,7 +57,7 @@ def assert_close_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
     for name in a:
         if name.endswith("w_k.bias"):  # a true gradient of 0 (softmax ignores it): Adam amplifies rounding noise
             continue
-        torch.testing.assert_close(a[name], b[name], atol=tol, rtol=tol, msg=name)
+        torch.testing.assert_close(a[name], b[name], atol=tol, rtol=tol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.slow
@@ -66,8 +66,8 @@ def test_fsdp_two_ranks_equal_one_process_and_resume_at_any_world_size(tmp_path)
 
     * 2 FSDP ranks for 4 steps == 1 process accumulating 2 micro-batches: losses and weights within 1e-5;
     * the step-2 checkpoint of that run resumed by 2 ranks: bit for bit;
-    * the same checkpoint resumed by 1 rank (2 -> 1): within 1e-6 of the straight run;
-    * a 1-rank checkpoint resumed by 2 ranks (1 -> 2): within 1e-6;
+    * the same checkpoint resumed by 1 rank (2 -> 1): losses within 1e-6 of the straight run, weights 1e-5;
+    * a 1-rank checkpoint resumed by 2 ranks (1 -> 2): the same;
     * consolidation: the model directory scores the same loss as the checkpoint's weights.
     """
     straight = fsdp_config(tmp_path / "a")
@@ -100,7 +100,9 @@ def test_fsdp_two_ranks_equal_one_process_and_resume_at_any_world_size(tmp_path)
     torchrun(c_path, nproc=1)
     for step in (3, 4):
         assert step_losses(run_c)[step] == pytest.approx(losses[step], abs=1e-6)
-    assert_close_weights(sharded_weights(run_c / "step-000004"), sharded_weights(final), 1e-6)
+    # weights 1e-5, as for 2 ranks against one process: Adam's normalised steps amplify the rounding of a
+    # different reduction order to 2e-6 on an AVX2 CPU (the losses stay within 1e-6)
+    assert_close_weights(sharded_weights(run_c / "step-000004"), sharded_weights(final), 1e-5)
 
     # 1 -> 2: one rank (accumulating 2) stopped at step 2, continued by two ranks
     d = replace_loop(fsdp_config(tmp_path / "d"), accumulate=2, stop_after=2)
@@ -109,7 +111,7 @@ def test_fsdp_two_ranks_equal_one_process_and_resume_at_any_world_size(tmp_path)
     torchrun(save_config(e, tmp_path / "e.yaml"))
     for step in (3, 4):
         assert step_losses(Path(e.run_dir))[step] == pytest.approx(losses[step], abs=1e-6)
-    assert_close_weights(sharded_weights(Path(e.run_dir) / "step-000004"), sharded_weights(final), 1e-6)
+    assert_close_weights(sharded_weights(Path(e.run_dir) / "step-000004"), sharded_weights(final), 1e-5)
 
     # consolidation: an ordinary model directory that loads and scores the same loss
     out = tmp_path / "consolidated"
