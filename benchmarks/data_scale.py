@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 3125  # the recipe's micro-batch: 25000 tokens a side over 8 micro-batches
@@ -105,22 +106,15 @@ def run_train(prepared: str, batches: int, step: bool) -> None:
     import torch
 
     from aiayn.models.presets import build_model
-    from aiayn.training.config import DataSection
     from aiayn.training.objectives import Objective
-    from aiayn.training.tasks import build_task_data
 
     before = memory()
     started = time.perf_counter()
-    data = build_task_data(DataSection(task="translation", prepared=prepared, max_len=256, max_tokens=MAX_TOKENS), seed=0)
-    loader = (batch for _ in iter(int, 1) for batch in data.train)  # epoch after epoch, as the training loop reads it
+    data, loader = training_loader(prepared, workers=0)
     batch = next(loader)  # the epoch's batch plan is made here
     data_s = time.perf_counter() - started
-    timed = time.perf_counter()
-    for _ in range(batches):
-        next(loader)
-    loader_s = time.perf_counter() - timed
     result = {
-        "pairs": len(data.train.dataset), "data_s": round(data_s, 2), "loader_batches_per_s": round(batches / loader_s, 1),
+        "pairs": len(data.train.dataset), "data_s": round(data_s, 2), "loader_batches_per_s": round(batches_per_s(loader, batches), 1),
         "sentences_per_batch": batch.batch_size, "rss_before_data": before, "rss_after_data": memory(),
     }
     result["loader_2_workers_batches_per_s"] = round(loader_rate(prepared, batches, workers=2), 1)  # after the RSS: workers add processes
@@ -137,20 +131,31 @@ def run_train(prepared: str, batches: int, step: bool) -> None:
     print(json.dumps(result))
 
 
-def loader_rate(prepared: str, batches: int, *, workers: int) -> float:
-    """Batches/s the training loader gives with ``data.num_workers=workers``, after 50 batches of warm-up (the workers'
-    start): each batch crosses from a worker as its tensors, each over a socket with its own shared memory."""
+def training_loader(prepared: str, *, workers: int) -> tuple[Any, Iterator[Any]]:
+    """The recipe's training data on ``prepared`` (``data.num_workers=workers``), and its batches epoch after epoch,
+    as the training loop reads them."""
     from aiayn.training.config import DataSection
     from aiayn.training.tasks import build_task_data
 
     section = DataSection(task="translation", prepared=prepared, max_len=256, max_tokens=MAX_TOKENS, num_workers=workers)
-    loader = (batch for _ in iter(int, 1) for batch in build_task_data(section, seed=0).train)
-    for _ in range(50):
-        next(loader)
+    data = build_task_data(section, seed=0)
+    return data, (batch for _ in iter(int, 1) for batch in data.train)
+
+
+def batches_per_s(loader: Iterator[Any], batches: int) -> float:
+    """How many batches a second ``loader`` gives over the next ``batches``."""
     timed = time.perf_counter()
     for _ in range(batches):
         next(loader)
     return batches / (time.perf_counter() - timed)
+
+
+def loader_rate(prepared: str, batches: int, *, workers: int) -> float:
+    """Batches/s the training loader gives with ``data.num_workers=workers``, after 50 batches of warm-up (the workers'
+    start): each batch crosses from a worker as its tensors, each over a socket with its own shared memory."""
+    _, loader = training_loader(prepared, workers=workers)
+    batches_per_s(loader, 50)
+    return batches_per_s(loader, batches)
 
 
 def base_micro_batch_flops(vocab: int, tokens: int) -> float:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-from aiayn.data.batching import index_dtype, length_dtype
+from aiayn.data.batching import length_dtype
 from aiayn.data.encoded import Ragged, TooLong, limit_lengths, take_grouped
 from aiayn.data.shards import Shard
 from aiayn.data.translation import PairBatch
@@ -94,7 +94,7 @@ class PreparedPairs(Dataset):
         self.src, self.tgt, self.eos_id, self.cap, self.n = src, tgt, eos_id, max_len or 0, len(limit.keep)
         self.n_dropped, self.n_truncated = limit.n_dropped, limit.n_truncated
         # None when every line is kept / none is cut: 5 bytes a line less in the process and in every worker
-        self.keep = limit.keep.astype(index_dtype(len(src_len)), copy=False) if limit.n_dropped else None
+        self.keep = limit.keep if limit.n_dropped else None  # int32 indices while they fit (limit_lengths)
         self.truncate = limit.truncate if limit.n_truncated else None
         del limit
         if self.keep is not None:

@@ -111,10 +111,6 @@ class Shard:
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, j: int) -> np.ndarray:
-        offset, length = self.index[j].tolist()
-        return self.tokens[offset : offset + length]
-
     def __getstate__(self) -> dict[str, object]:
         return {"bin_path": self.bin_path, "idx_path": self.idx_path, "dtype": self.dtype, "_tokens": None, "_index": None}
 
