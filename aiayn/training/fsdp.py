@@ -13,7 +13,6 @@ import os
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from aiayn.nn.positional import PositionalEncoding
 from aiayn.training.activation_checkpointing import transformer_blocks
@@ -35,6 +34,9 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
 
     Raises ``ValueError`` when the model has no Transformer blocks.
     """
+    # imported here: torch.distributed.fsdp (and DTensor under it) costs 1.2 s of every process's start, FSDP or not
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
     blocks = transformer_blocks(model)
     if not blocks:
         raise ValueError(f"train.parallel='fsdp' shards Transformer blocks; {type(model).__name__} has none")

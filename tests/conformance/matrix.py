@@ -7,7 +7,8 @@ option (asserted in the cell). Any other exception (a raw ``AttributeError`` fro
 library) fails the cell. ``"-"``: the entry point does not exist for the family.
 
 ``python tests/conformance/matrix.py`` runs every cell and rewrites ``docs/support.md``;
-``test_conformance.py`` fails when the page differs from what the code does.
+``test_conformance.py`` fails when the page differs from what the code does: each cell's test against the
+page's cell, and the page's text against the table made from its own cells (so no cell runs twice).
 """
 
 from __future__ import annotations
@@ -273,8 +274,8 @@ def cell(name: str, column: str) -> str:
         return _FAMILY[VARIANTS[name].family](name, column)
 
 
-def support_table() -> str:
-    """docs/support.md: every cell, from running it."""
+def support_table(outcome: Callable[[str, str], str] = cell) -> str:
+    """docs/support.md: every cell as ``outcome`` gives it (by default, from running it)."""
     lines = [
         "# What works with what",
         "",
@@ -290,9 +291,15 @@ def support_table() -> str:
         "| --- | --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |",
     ]
     for name, variant in VARIANTS.items():
-        cells = [cell(name, column) for column in COLUMNS]
+        cells = [outcome(name, column) for column in COLUMNS]
         lines.append(f"| {name} | {variant.family} | {variant.setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def page_cells(page: str) -> dict[tuple[str, str], str]:
+    """The cells of a support page's table, by (variant, column): what :func:`support_table` wrote."""
+    rows = [line.strip("|").split(" | ") for line in page.splitlines() if line.startswith("| ") and not line.startswith(("| variant", "| ---"))]
+    return {(row[0].strip(), column): value.strip() for row in rows for column, value in zip(COLUMNS, row[3:])}
 
 
 if __name__ == "__main__":

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from loop_fixtures import save_config, translation_config
 
 from aiayn.checkpoint.sharded import is_sharded, read_sharded_model_state
 from aiayn.checkpoint.state import load_checkpoint
+from aiayn.cli.main import main
 from aiayn.models.config import config_from_dict
 from aiayn.models.presets import model_class
 from aiayn.pretrained import load_pretrained
 from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
-from loop_fixtures import save_config, translation_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,9 +116,7 @@ def test_fsdp_two_ranks_equal_one_process_and_resume_at_any_world_size(tmp_path)
 
     # consolidation: an ordinary model directory that loads and scores the same loss
     out = tmp_path / "consolidated"
-    cli = subprocess.run([sys.executable, "-m", "aiayn", "consolidate", str(final), str(out)], capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=120)
-    assert cli.returncode == 0, cli.stderr
+    assert main(["consolidate", str(final), str(out)]) == 0  # the command, in this process (no process group)
     assert not is_sharded(out) and (out / "model.safetensors").is_file()
     direct, from_dir = load_pretrained(final), load_pretrained(out)
     for name, tensor in direct.model.state_dict().items():

@@ -146,6 +146,10 @@ def test_a_different_world_size_is_refused_naming_the_checkpoint_and_the_remedy(
 
 @pytest.mark.slow
 def test_torchrun_max_restarts_resumes_after_a_rank_dies_and_matches_an_uninterrupted_run(tmp_path):
+    """2 ranks with dropout for 8 steps == the same run whose rank 1 dies at step 6, restarted by torchrun: bit for bit.
+
+    Each rank draws its own dropout masks; the checkpoint keeps every rank's generators and loader position
+    (``rank-1.*``), so that the restarted rank 1 continues its own from the step-4 checkpoint."""
     import torch
 
     from aiayn.checkpoint.weights import read_safetensors
@@ -161,6 +165,7 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies_and_matches_an_uninterr
     said = out.stderr + out.stdout
     assert "failed (exitcode: 17) local_rank: 1" in said  # rank 1 did die
     assert re.search(r"resumed from .*step-00000[24] at step [24]", said)  # continued from a checkpoint, not from scratch
+    assert (tmp_path / "b" / "run" / "step-000004" / "rank-1.json").is_file()
 
     def losses(run):
         return {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r}
