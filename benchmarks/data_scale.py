@@ -4,7 +4,8 @@ Multi30k's 29k English-German pairs repeated in a new order each time):
 - the time and peak RSS of ``aiayn prepare`` (learning a shared BPE of 37000 ids, tokenizing, writing shards);
 - the RSS of a training process over the data (shards opened, batch plan made, batches read) on N pairs
   against Multi30k's 29k pairs, and the time from opening the shards to the end of the first base-model step;
-- the batches/s the loader gives (the recipe's micro-batches: 3125 tokens a side), against a base-model step:
+- the batches/s the loader gives (the recipe's micro-batches: 3125 tokens a side; the median of 3 rounds after the
+  first 300 batches, which are timed too), against a base-model step:
   measured here on the CPU, and estimated for one H200 (an estimate, stated with its assumptions).
 
 Each measurement runs in a fresh process, so that peaks are its own. The last lines say, target by target
@@ -25,6 +26,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -113,8 +115,11 @@ def run_train(prepared: str, batches: int, step: bool) -> None:
     data, loader = training_loader(prepared, workers=0)
     batch = next(loader)  # the epoch's batch plan is made here
     data_s = time.perf_counter() - started
+    first = batches_per_s(loader, 300)  # the first batches after the first: the shards' pages still cold
+    rounds = [batches_per_s(loader, batches) for _ in range(3)]  # then the rate a run keeps: the median of 3 rounds
     result = {
-        "pairs": len(data.train.dataset), "data_s": round(data_s, 2), "loader_batches_per_s": round(batches_per_s(loader, batches), 1),
+        "pairs": len(data.train.dataset), "data_s": round(data_s, 2), "loader_first_300_batches_per_s": round(first, 1),
+        "loader_rounds": [round(r, 1) for r in rounds], "loader_batches_per_s": round(statistics.median(rounds), 1),
         "sentences_per_batch": batch.batch_size, "rss_before_data": before, "rss_after_data": memory(),
     }
     result["loader_2_workers_batches_per_s"] = round(loader_rate(prepared, batches, workers=2), 1)  # after the RSS: workers add processes
@@ -173,7 +178,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=4_500_000, help="pairs of the synthetic corpus (not read with --corpus)")
     p.add_argument("--corpus", nargs=2, metavar=("SRC", "TGT"), help="parallel files to prepare instead of the synthetic corpus")
     p.add_argument("--prepared", help="a prepared directory to train on as it is: no corpus, no prepare")
-    p.add_argument("--batches", type=int, default=300, help="loader batches to time")
+    p.add_argument("--batches", type=int, default=1000, help="loader batches a round: 3 rounds timed after the first 300")
     args = p.parse_args()
     work, data_dir = Path(args.work), Path(args.data_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -195,9 +200,10 @@ def main() -> None:
         print(json.dumps(r), flush=True)  # the raw numbers, whatever the lines below make of them
         rss = r["rss_after_data"]
         print(f"training process on {r['pairs']} pairs: shards open + first batch {r['data_s']} s; after the data and "
-              f"{args.batches} batches: RSS {rss['VmRSS']} MB (anonymous {rss['RssAnon']}, file-backed {rss['RssFile']}), "
+              f"{300 + 3 * args.batches} batches: RSS {rss['VmRSS']} MB (anonymous {rss['RssAnon']}, file-backed {rss['RssFile']}), "
               f"peak {rss['VmHWM']} MB (before the data: {r['rss_before_data']['VmRSS']} MB); loader "
-              f"{r['loader_batches_per_s']} batches/s of about {r['sentences_per_batch']} sentences", flush=True)
+              f"{r['loader_batches_per_s']} batches/s of about {r['sentences_per_batch']} sentences (median of "
+              f"{r['loader_rounds']}; the first 300 batches: {r['loader_first_300_batches_per_s']}/s)", flush=True)
     grown = runs["big"]["rss_after_data"]["VmHWM"] - runs["29k"]["rss_after_data"]["VmHWM"]
     anon = runs["big"]["rss_after_data"]["RssAnon"] - runs["29k"]["rss_after_data"]["RssAnon"]
     pairs = runs["big"]["pairs"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -19,12 +19,26 @@ from aiayn.data.batching import index_dtype, padded_length
 from aiayn.data.errors import DataError
 from aiayn.tokenization.special import PAD_ID
 
-__all__ = ["Ragged", "TooLong", "TOO_LONG_OPTIONS", "LengthLimit", "limit_lengths", "pad_batch"]
+__all__ = ["Rows", "Ragged", "TooLong", "TOO_LONG_OPTIONS", "LengthLimit", "limit_lengths", "pad_batch"]
 
 logger = logging.getLogger(__name__)
 
 TooLong = Literal["error", "drop", "truncate"]
 TOO_LONG_OPTIONS: tuple[str, ...] = ("error", "drop", "truncate")
+
+
+class Rows(Protocol):
+    """A batch's sequences however they are held (a :class:`Ragged`, or lines still in a prepared corpus's shards):
+    what a collate pads, and a sequence of arrays for any other use."""
+
+    @property
+    def lengths(self) -> np.ndarray: ...
+
+    def padded(self, *, extra: int = 0, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -49,29 +63,17 @@ class Ragged:
             values = values.astype(np.int64)
         return cls(values, _offsets(np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))))
 
-    @classmethod
-    def gather(
-        cls, parts: Sequence[np.ndarray], starts: np.ndarray, lengths: np.ndarray, bounds: np.ndarray | None = None,
-    ) -> Ragged:
-        """Sequence ``r`` = ``part[starts[r] : starts[r] + lengths[r]]`` (``starts`` int64), copied in a few array
-        operations, no loop over the sequences. ``part`` is ``parts[0]``, or with ``bounds`` (sequences grouped by
-        part) ``parts[p]`` for ``bounds[p] <= r < bounds[p + 1]``: one gather per part (e.g. the shards of a corpus)."""
-        offsets = _offsets(lengths)
-        # where each token of the result lies in its part: its sequence's start, plus its place in the sequence
-        source = (starts - offsets[:-1]).repeat(lengths)  # ndarray methods: a batch is small, NumPy's wrappers would show
-        source += np.arange(offsets[-1])
-        return cls(take_grouped(parts, source, None if bounds is None else offsets[bounds]), offsets)
-
-    def take(self, rows: np.ndarray) -> Ragged:
-        """Sequences ``rows`` (an integer array), in that order."""
-        return Ragged.gather([self.values], self.offsets[rows], self.lengths[rows])
-
-    def append(self, value: int, where: np.ndarray) -> Ragged:
-        """These sequences, with ``value`` added at the end of each one where ``where`` (bool, one per sequence) is set."""
-        values = np.insert(self.values, self.offsets[1:][where], value)
-        offsets = self.offsets.copy()
-        offsets[1:] += np.cumsum(where)
-        return Ragged(values, offsets)
+    def padded(self, *, extra: int = 0, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The rows left-aligned in a ``PAD_ID`` array -> ``(ids (B, L) int64, real (B, L) bool)``, ``real`` True at
+        each row's ids (the padding mask, for free). ``L``: the longest row plus ``extra`` free columns (room for
+        a BOS or EOS), rounded up to ``multiple``. One masked assignment places every id: no loop over the rows."""
+        if len(self) == 0:
+            raise ValueError("cannot pad an empty batch: seqs has no sequences")
+        n = self.lengths
+        real = np.arange(padded_length(int(n.max()) + extra, multiple)) < n[:, None]
+        out = np.full(real.shape, PAD_ID, dtype=np.int64)
+        out[real] = self.values[self.offsets[0] : self.offsets[-1]]  # row-major: row by row
+        return out, real
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -88,27 +90,6 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     lengths.cumsum(out=offsets[1:])
     return offsets
-
-
-def take_grouped(
-    parts: Sequence[np.ndarray], positions: np.ndarray, bounds: np.ndarray | None = None,
-    mode: Literal["raise", "wrap", "clip"] = "raise",
-) -> np.ndarray:
-    """``part[positions[i]]`` for every ``i`` (along the first axis), where ``part`` is ``parts[0]``, or with
-    ``bounds`` ``parts[p]`` for ``bounds[p] <= i < bounds[p + 1]``: one ``take`` per part, into its slice.
-
-    ``parts`` are arrays of one dtype and trailing shape: the shards of a side (their tokens, or their
-    ``(offset, length)`` index), the lines of a batch grouped by shard. ``mode``: ``ndarray.take``'s."""
-    if bounds is None:
-        return parts[0].take(positions, axis=0, mode=mode)  # ndarray.take: faster than fancy indexing for a small batch
-    if len(bounds) != len(parts) + 1:
-        raise ValueError(f"bounds must have len(parts) + 1 = {len(parts) + 1} entries, got {len(bounds)}")
-    out = np.empty((len(positions), *parts[0].shape[1:]), dtype=parts[0].dtype)
-    ends = bounds.tolist()
-    for part, start, stop in zip(parts, ends[:-1], ends[1:]):
-        if start < stop:
-            part.take(positions[start:stop], axis=0, out=out[start:stop], mode=mode)
-    return out
 
 
 @dataclass(frozen=True)
@@ -170,18 +151,14 @@ def pad_batch(
     ``L`` is the longest row rounded up to ``multiple`` (:func:`~aiayn.data.batching.padded_length`).
 
     ``seqs``: the rows as arrays, or as one :class:`Ragged` (a batch fetched whole, e.g. from shards);
-    either way they are placed with one masked assignment, not a loop over the rows."""
+    either way they are placed by :meth:`Ragged.padded`, not a loop over the rows."""
     rows = seqs if isinstance(seqs, Ragged) else Ragged.from_arrays(seqs)
-    if len(rows) == 0:
-        raise ValueError("cannot pad an empty batch: seqs has no sequences")
-    start = 0 if prefix is None else 1
-    n = rows.lengths  # (B,) tokens of each row
-    lengths = n + (start + (0 if suffix is None else 1))
-    out = np.full((len(n), padded_length(int(lengths.max()), multiple)), PAD_ID, dtype=np.int64)
-    if prefix is not None:
+    start, end = int(prefix is not None), int(suffix is not None)
+    out, _ = rows.padded(extra=start + end, multiple=multiple)
+    n = rows.lengths
+    if prefix is not None:  # the ids one column right: the last column is padding in every row (see extra)
+        out[:, 1:] = out[:, :-1].copy()
         out[:, 0] = prefix
-    body = out[:, start:]
-    body[np.arange(body.shape[1]) < n[:, None]] = rows.values[rows.offsets[0] : rows.offsets[-1]]  # row-major: row by row
     if suffix is not None:
         out[np.arange(len(n)), start + n] = suffix
-    return torch.from_numpy(out), torch.from_numpy(lengths)
+    return torch.from_numpy(out), torch.from_numpy(n + (start + end))

@@ -8,18 +8,21 @@ from, in the smallest dtype that holds them (uint16 at WMT14's scale), and which
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 from torch.utils.data import Dataset
 
-from aiayn.data.batching import length_dtype
-from aiayn.data.encoded import Ragged, TooLong, limit_lengths, take_grouped
+from aiayn.data.batching import index_dtype, length_dtype, padded_length
+from aiayn.data.encoded import Ragged, TooLong, limit_lengths
 from aiayn.data.shards import Shard
 from aiayn.data.translation import PairBatch
+from aiayn.tokenization.special import PAD_ID
 
-__all__ = ["PreparedSide", "PreparedPairs"]
+__all__ = ["ShardRows", "PreparedSide", "PreparedPairs"]
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,8 @@ class _Lines:
     """A batch's lines as the shards hold them, found once for both sides: grouped by shard (in batch order
     within one) so that each shard is read in one slice, with the way back to the batch's order."""
 
-    local: np.ndarray  # each line's number in its shard, grouped
-    bounds: np.ndarray | None  # local[bounds[k]:bounds[k + 1]] lie in shard k; None: one shard, nothing grouped
+    lines: np.ndarray  # the lines (numbers over the whole side), grouped
+    bounds: np.ndarray | None  # lines[bounds[k]:bounds[k + 1]] lie in shard k; None: one shard, nothing grouped
     order: np.ndarray | None  # grouped line g is line order[g] of the batch
     back: np.ndarray | None  # and line r of the batch is grouped line back[r]
 
@@ -36,10 +39,74 @@ class _Lines:
     def of(cls, lines: np.ndarray, shard_lines: int, n_shards: int) -> _Lines:
         if n_shards == 1:
             return cls(lines, None, None, None)
-        shard, local = np.divmod(lines, shard_lines)
+        shard = lines // shard_lines
         order = shard.argsort(kind="stable")
         bounds = shard.searchsorted(np.arange(n_shards + 1), sorter=order)
-        return cls(local[order], bounds, order, order.argsort())
+        return cls(lines[order], bounds, order, order.argsort())
+
+    def grouped(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (one per line, in the batch's order) in the grouped order."""
+        return values if self.order is None else values[self.order]
+
+
+@dataclass(frozen=True, eq=False)
+class ShardRows:
+    """One side of a batch with its lines still in the shards: each line's first id and how many ids to read,
+    grouped by shard (:class:`_Lines`). :meth:`padded` reads them straight into the batch's ``(B, L)`` array,
+    one ``take`` a shard and no copy in between; indexing reads a line as an array, for any other collate."""
+
+    parts: Sequence[np.ndarray]  # each shard's ids
+    starts: np.ndarray  # (B,) each line's first id in its shard, grouped
+    counts: np.ndarray  # (B,) the ids to read of each line (after a cut), grouped
+    lines: _Lines
+    end_id: int = 0  # an id added after the line where ``ended`` is set: the source EOS of a truncated pair
+    ended: np.ndarray | None = None  # (B,) bool, grouped
+
+    def append(self, value: int, where: np.ndarray) -> ShardRows:
+        """These lines, with ``value`` added at the end of each one where ``where`` (bool, in the batch's order) is set."""
+        return dataclasses.replace(self, end_id=value, ended=self.lines.grouped(where))
+
+    def _in_batch_order(self, grouped: np.ndarray) -> np.ndarray:
+        return grouped if self.lines.back is None else grouped[self.lines.back]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._in_batch_order(self.counts if self.ended is None else self.counts + self.ended)
+
+    def padded(self, *, extra: int = 0, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`Ragged.padded <aiayn.data.encoded.Ragged.padded>`: ``(ids (B, L) int64, real (B, L) bool)``."""
+        if len(self) == 0:
+            raise ValueError("cannot pad an empty batch: seqs has no sequences")
+        n = self.counts
+        cols = np.arange(padded_length(int((n if self.ended is None else n + self.ended).max()) + extra, multiple))
+        where = self.starts[:, None] + cols  # each cell's place in its shard; past its line's end, masked below
+        ids = np.empty(where.shape, dtype=self.parts[0].dtype)
+        ends = [0, len(n)] if self.lines.bounds is None else self.lines.bounds.tolist()
+        spans = [(part, a, b) for part, a, b in zip(self.parts, ends[:-1], ends[1:]) if a < b]
+        # Each line's first id read on its own first: B independent loads that the CPU overlaps, so that the copy
+        # finds them in cache (lines lie at random in 100s of MB of shards: the batch is read ~1.3x faster).
+        for part, a, b in spans:
+            part.take(self.starts[a:b], mode="clip")
+        for part, a, b in spans:  # clip: a cell past the shard's last id reads that id (it is padding)
+            part.take(where[a:b], out=ids[a:b], mode="clip")
+        n = self._in_batch_order(n)
+        real = cols < n[:, None]
+        ids = np.where(real, self._in_batch_order(ids), np.int64(PAD_ID))  # int64, padding put in the same pass
+        if self.ended is not None:
+            rows = np.flatnonzero(self._in_batch_order(self.ended))
+            ids[rows, n[rows]], real[rows, n[rows]] = self.end_id, True
+        return ids, real
+
+    @functools.cached_property
+    def _ragged(self) -> Ragged:
+        ids, real = self.padded()
+        return Ragged(ids[real], np.concatenate([[0], self.lengths.cumsum()]))
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self._ragged[i]
 
 
 class PreparedSide:
@@ -47,7 +114,10 @@ class PreparedSide:
 
     def __init__(self, shards: list[Shard], shard_lines: int) -> None:
         self.shards, self.shard_lines = shards, shard_lines
-        self._mapped: tuple[list[np.ndarray], list[np.ndarray]] | None = None  # each shard's (tokens, index), once mapped
+        # Read at the first batch (see take): each shard's ids, mapped; each line's first id in its shard and length.
+        self._tokens: list[np.ndarray] | None = None
+        self._starts: np.ndarray | None = None
+        self._lengths: np.ndarray | None = None
 
     def lengths(self, plus: int = 0) -> np.ndarray:
         """Each line's length plus ``plus``, in the smallest dtype that holds them (uint16 for WMT14's sentences):
@@ -60,24 +130,26 @@ class PreparedSide:
             start += len(s)
         return out
 
-    def take(self, lines: _Lines, most: np.ndarray | None = None) -> Ragged:
-        """A batch's lines, line ``r`` cut to its first ``most[r]`` ids, as one :class:`Ragged` in the batch's order:
-        their ``(offset, length)`` read from the shards' indexes and their ids copied, one ``take`` a shard each."""
-        if self._mapped is None:
-            self._mapped = [s.tokens for s in self.shards], [s.index for s in self.shards]
-        tokens, index = self._mapped
-        entries = take_grouped(index, lines.local, lines.bounds)  # (B, 2): offset, length
+    def take(self, lines: _Lines, most: np.ndarray | None = None) -> ShardRows:
+        """A batch's lines, line ``r`` cut to its first ``most[r]`` ids (``most`` in the batch's order), as :class:`ShardRows`.
+
+        Where each line starts and how long it is are read from a copy of the indexes made at the first batch
+        (int32 and uint16: 27 MB a side for WMT14's 4.5M lines, in huge pages): a batch's lines lie at random
+        in the side, and reading them from the memory-mapped indexes, one ``take`` a shard through 4 kB pages,
+        made the loader about 1.5x slower."""
+        if self._tokens is None or self._starts is None or self._lengths is None:
+            self._tokens = [s.tokens for s in self.shards]
+            largest = max((len(t) for t in self._tokens), default=0)
+            self._starts = np.concatenate([s.index[:, 0] for s in self.shards]).astype(index_dtype(largest))
+            self._lengths = self.lengths()
+        counts = self._lengths.take(lines.lines).astype(np.int64)
         if most is not None:
-            most = most if lines.order is None else most[lines.order]
-        lengths = entries[:, 1] if most is None else np.minimum(entries[:, 1], most)
-        # Each line's first id read on its own first: B independent loads that the CPU overlaps, so that the copy of
-        # every id finds them in cache (lines lie at random in 100s of MB of shards; the copy is then about 2x faster).
-        take_grouped(tokens, entries[:, 0], lines.bounds, mode="clip")
-        rows = Ragged.gather(tokens, entries[:, 0], lengths, lines.bounds)
-        return rows if lines.back is None else rows.take(lines.back)
+            np.minimum(counts, lines.grouped(most), out=counts)
+        return ShardRows(self._tokens, self._starts.take(lines.lines).astype(np.int64), counts, lines)
 
     def __getstate__(self) -> dict[str, object]:
-        return {"shards": self.shards, "shard_lines": self.shard_lines, "_mapped": None}  # a worker maps the files itself
+        # a worker maps the files and reads the indexes itself
+        return {"shards": self.shards, "shard_lines": self.shard_lines, "_tokens": None, "_starts": None, "_lengths": None}
 
 
 class PreparedPairs(Dataset):
@@ -108,7 +180,8 @@ class PreparedPairs(Dataset):
         return self.n
 
     def __getitems__(self, indices: Sequence[int] | np.ndarray) -> PairBatch:
-        """Examples ``indices`` at once: their lines' ids gathered from the shards with NumPy, no loop over the examples."""
+        """Examples ``indices`` at once, no loop over them: their lines found in the shards' indexes, their ids read
+        when the collate pads them (:class:`ShardRows`)."""
         i = np.asarray(indices)
         if len(i) and (int(i.min()) < 0 or int(i.max()) >= self.n):  # a line past a shard's end would read another's ids
             raise IndexError(f"example indices must be in [0, {self.n}), got {int(i.min())} to {int(i.max())}")

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from aiayn.data.batch import TranslationBatch
-from aiayn.data.encoded import Ragged, TooLong, limit_lengths, pad_batch
+from aiayn.data.encoded import Ragged, Rows, TooLong, limit_lengths
 from aiayn.data.readers import ParallelText
-from aiayn.nn.masks import padding_mask_from_lengths
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.special import BOS_ID, EOS_ID, encode_sources, special_ids
 
@@ -84,12 +84,13 @@ class TranslationDataset(Dataset):
 
 @dataclass(frozen=True, eq=False)
 class PairBatch:
-    """A batch of ``(src, y)`` examples held as two :class:`Ragged` sides, so the collate pads each side
-    without a loop over the pairs: what :meth:`~aiayn.data.prepared_pairs.PreparedPairs.__getitems__` returns.
-    It is also a sequence of the pairs (item ``i`` is ``(src[i], tgt[i])``), for any other collate."""
+    """A batch of ``(src, y)`` examples held as two sides of :class:`~aiayn.data.encoded.Rows` (a :class:`Ragged`,
+    or :class:`~aiayn.data.prepared_pairs.ShardRows` from a prepared corpus), so the collate pads each side
+    without a loop over the pairs. It is also a sequence of the pairs (item ``i`` is ``(src[i], tgt[i])``),
+    for any other collate."""
 
-    src: Ragged
-    tgt: Ragged
+    src: Rows
+    tgt: Rows
 
     @classmethod
     def of(cls, examples: Sequence[tuple[np.ndarray, np.ndarray]] | PairBatch) -> PairBatch:
@@ -121,15 +122,19 @@ def collate_translation(
     ``bos_id`` / ``eos_id``: the target tokenizer's (Marian starts from its pad id and ends with 0);
     ``pad_to_multiple``: both lengths are rounded up to a multiple of it (masked padding).
     """
-    m = pad_to_multiple
     pairs = PairBatch.of(examples)
-    src, src_len = pad_batch(pairs.src, multiple=m)
-    tgt_in, tgt_len = pad_batch(pairs.tgt, prefix=bos_id, multiple=m)
-    tgt_out, _ = pad_batch(pairs.tgt, suffix=eos_id, multiple=m)
+    src, src_mask = pairs.src.padded(multiple=pad_to_multiple)
+    # y once, with a free column: tgt_out is y + EOS, and tgt_in = BOS + y is the same ids one column right
+    tgt_out, _ = pairs.tgt.padded(extra=1, multiple=pad_to_multiple)
+    n = pairs.tgt.lengths
+    tgt_in = np.empty_like(tgt_out)
+    tgt_in[:, 0] = bos_id
+    tgt_in[:, 1:] = tgt_out[:, :-1]  # the last column of tgt_out is padding in every row
+    tgt_out[np.arange(len(n)), n] = eos_id
     return TranslationBatch(
-        src=src,
-        tgt_in=tgt_in,
-        tgt_out=tgt_out,
-        src_mask=padding_mask_from_lengths(src_len, src.shape[1]),
-        tgt_mask=padding_mask_from_lengths(tgt_len, tgt_in.shape[1]),
+        src=torch.from_numpy(src),
+        tgt_in=torch.from_numpy(tgt_in),
+        tgt_out=torch.from_numpy(tgt_out),
+        src_mask=torch.from_numpy(src_mask),
+        tgt_mask=torch.from_numpy(np.arange(tgt_out.shape[1]) <= n[:, None]),  # y and its EOS
     )

@@ -1,4 +1,4 @@
-"""Encoded sequences: Ragged's batch operations and pad_batch, against row-by-row references."""
+"""Encoded sequences: Ragged, a prepared corpus's ShardRows and pad_batch, against row-by-row references."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from aiayn.data import PairBatch, Ragged, collate_translation
-from aiayn.data.encoded import pad_batch, take_grouped
+from aiayn.data.encoded import pad_batch
+from aiayn.data.prepared_pairs import ShardRows, _Lines
 from aiayn.tokenization import PAD_ID
 
 RNG = np.random.default_rng(0)
@@ -43,26 +44,29 @@ def test_pad_batch_equals_padding_row_by_row(prefix, suffix, multiple) -> None:
         pad_batch([])
 
 
-def test_ragged_gather_take_and_append() -> None:
+@pytest.mark.parametrize("extra, multiple", [(0, 1), (1, 1), (1, 8)])
+def test_shard_rows_pad_straight_from_the_shards_as_ragged_pads_their_lines(extra, multiple) -> None:
+    """Lines of a batch in two shards (batch order != shard order; an empty line; one read past its shard's
+    last id while padded; some cut, some with an EOS appended): padded, as lengths and line by line, they are
+    what Ragged gives for the same lines."""
     parts = [np.arange(100, 200, dtype=np.uint16), np.arange(500, 540, dtype=np.uint16)]
-    starts, lengths = np.array([3, 50, 0, 10, 39]), np.array([4, 0, 2, 5, 1])
-    one = Ragged.gather(parts[:1], starts[:2], lengths[:2])
-    assert [r.tolist() for r in one] == [[103, 104, 105, 106], []] and one.values.dtype == np.uint16
-    grouped = Ragged.gather(parts, starts, lengths, bounds=np.array([0, 2, 5]))  # rows 0-1 from part 0, 2-4 from part 1
-    assert [r.tolist() for r in grouped] == [[103, 104, 105, 106], [], [500, 501], [510, 511, 512, 513, 514], [539]]
-    assert [r.tolist() for r in grouped.take(np.array([4, 0, 2]))] == [[539], [103, 104, 105, 106], [500, 501]]
-    ended = grouped.append(2, np.array([True, True, False, False, True]))
-    assert [r.tolist() for r in ended] == [[103, 104, 105, 106, 2], [2], [500, 501], [510, 511, 512, 513, 514], [539, 2]]
-    assert ended.lengths.tolist() == [5, 1, 2, 5, 2]
-
-
-def test_take_grouped_reads_each_part_in_one_slice() -> None:
-    index = [np.arange(20).reshape(10, 2), 100 + np.arange(20).reshape(10, 2)]
-    got = take_grouped(index, np.array([9, 0, 3, 3]), np.array([0, 1, 4]))
-    assert got.tolist() == [[18, 19], [100, 101], [106, 107], [106, 107]]
-    assert take_grouped(index[:1], np.array([2, 1]), None).tolist() == [[4, 5], [2, 3]]
-    with pytest.raises(ValueError, match=r"bounds must have len\(parts\) \+ 1 = 3 entries, got 2"):
-        take_grouped(index, np.array([1]), np.array([0, 1]))
+    lines = np.array([3, 1, 0, 2, 4])  # batch row r is lines[r] of the grouped rows below
+    grouped = [(0, 3, 4), (0, 50, 0), (1, 0, 2), (1, 10, 5), (1, 39, 1)]  # (shard, start, length)
+    order = lines.argsort()
+    plan = _Lines(np.array([g[1] for g in grouped]), np.array([0, 2, 5]), order, order.argsort())
+    most = np.array([3, 9, 9, 9, 9])  # batch row 0 (grouped row 3) cut to 3 ids
+    side = ShardRows(parts, np.array([g[1] for g in grouped]), np.minimum(np.array([g[2] for g in grouped]), plan.grouped(most)), plan)
+    side = side.append(2, np.array([True, False, True, False, False]))
+    expected_lines = [parts[g[0]][g[1] : g[1] + g[2]] for g in grouped]
+    expected_lines[3] = expected_lines[3][:3]
+    expected = [expected_lines[g] for g in lines]
+    expected = [np.append(e, 2) if ended else e for e, ended in zip(expected, [True, False, True, False, False])]
+    reference = Ragged.from_arrays(expected)
+    ids, real = side.padded(extra=extra, multiple=multiple)
+    want_ids, want_real = reference.padded(extra=extra, multiple=multiple)
+    assert ids.dtype == np.int64 and np.array_equal(ids, want_ids) and np.array_equal(real, want_real)
+    assert side.lengths.tolist() == reference.lengths.tolist() == [4, 0, 5, 2, 1]
+    assert [side[r].tolist() for r in range(len(side))] == [e.tolist() for e in expected]
 
 
 def test_collate_takes_a_pair_batch_or_a_list_of_pairs_alike() -> None:
