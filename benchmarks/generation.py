@@ -265,9 +265,11 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
     return rows
 
 
-# The kernels that read a Linear layer's weight (fp32/bf16 through MKL or oneDNN, int8, int4), as torch.profiler names them.
-WEIGHT_KERNELS = frozenset({"aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm",
-                            "aten::_weight_int4pack_mm_for_cpu"})
+# The kernels that read a Linear layer's weight (fp32/bf16 through MKL or oneDNN, split over the threads by batched
+# matmuls, int8, int4), as torch.profiler names them. Attention's formula path multiplies by bmm too: counted here,
+# it is small beside the weights at these lengths (the fused SDPA kernel, taken at longer ones, is not a bmm).
+WEIGHT_KERNELS = frozenset({"aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise",
+                            "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu"})
 
 
 def outside_the_weights(decoder: CausalLMDecoder, ids: Tensor, steps: int) -> float:

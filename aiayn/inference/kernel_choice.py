@@ -1,14 +1,15 @@
 """Which kernel runs each Linear layer at inference, decided by timing the candidates on this machine.
 
-For one row (batch-1 decoding), MKL's sgemm through ``F.linear`` and oneDNN over a weight packed once
-trade places by CPU: oneDNN was 1.8x faster through GPT-2's output projection on an AVX2 AMD EPYC,
-MKL 1.36x faster for 768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked
-the winner on both, so :func:`choose_kernels` times both for each distinct shape, dtype and thread
-count, for one row and for several, keeps the faster, and caches the answer per CPU model, torch version and thread count in
-``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
+For one row (batch-1 decoding), MKL's sgemm through ``F.linear``, oneDNN over a weight packed once, and the
+weight's rows split over torch's threads (:mod:`aiayn.inference.split_linear`) trade places by CPU and shape:
+oneDNN was 1.8x faster than MKL through GPT-2's output projection on an AVX2 AMD EPYC, MKL 1.36x faster for
+768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked the winner on both, so
+:func:`choose_kernels` times them for each distinct shape, dtype and thread count, for one row and for
+several (F.linear against oneDNN), keeps the fastest, and caches the answer per CPU model, torch version and
+thread count in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
 
-``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can
-pack) or ``plain`` (``F.linear`` everywhere).
+``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack),
+``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several).
 """
 
 from __future__ import annotations
@@ -19,21 +20,26 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
+from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
-__all__ = ["CHOICES", "ENV_VAR", "KERNELS", "cache_path", "choose_kernels", "kernel_mode", "machine_key"]
+__all__ = ["CHOICES", "ENV_VAR", "KERNELS", "MANY_ROWS", "ONE_ROW", "cache_path", "choose_kernels", "kernel_mode", "machine_key"]
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "AIAYN_LINEAR_KERNEL"
-CHOICES = ("measure", "packed", "plain")
-KERNELS = ("packed", "plain", "packed-one-row", "packed-many-rows")
+ONE_ROW = ("plain", "packed", "split")  # the kernels timed for one row
+MANY_ROWS = ("plain", "packed")  # and for several rows
+KERNELS = tuple(f"{one}/{many}" for one in ONE_ROW for many in MANY_ROWS)  # a choice: "<one row>/<several rows>"
+OVERRIDES = {"packed": "packed/packed", "plain": "plain/plain", "split": "split/plain"}
+CHOICES = ("measure", *OVERRIDES)
 MARGIN = 0.97  # packed must be 3% faster to be kept: it holds a second copy of the weight
 
 
@@ -56,18 +62,17 @@ def machine_key() -> str:
 
 
 def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
-    """Which kernel runs each ``weight (out, in)`` here, one of :data:`KERNELS`: read from the cache, or timed
-    once per distinct shape and dtype and cached (the cache is read once and written once per call).
+    """Which kernels run each ``weight (out, in)`` here, one of :data:`KERNELS` (``"<one row>/<several rows>"``):
+    read from the cache, or timed once per distinct shape and dtype and cached (the cache is read once and
+    written once per call).
 
-    Both kernels are timed for one row (one-token decoding) and for ``rows`` rows (a batch, a prompt,
-    speculative verification; an encoder's batch x tokens), since the winner can differ between the two
-    (MKL fast for one row and many times slower for two, on some CPUs): ``packed`` where oneDNN wins both,
-    ``plain`` where F.linear does, else ``packed-one-row`` / ``packed-many-rows`` (oneDNN for that regime
-    only; :class:`~aiayn.inference.precision.PackedLinear` picks per call). The shapes timed now are logged
-    in one INFO line. Only called for weights oneDNN can pack (see :func:`~aiayn.inference.precision.can_pack`)."""
+    One row (one-token decoding) and ``rows`` rows (a batch, a prompt, speculative verification; an encoder's
+    batch x tokens) are timed apart, since the winner can differ between the two (MKL fast for one row and
+    many times slower for two, on some CPUs). The shapes timed now are logged in one INFO line. Only called for
+    weights oneDNN can pack (see :func:`~aiayn.inference.precision.can_pack`)."""
     mode = kernel_mode()
     if mode != "measure":
-        return [mode] * len(weights)
+        return [OVERRIDES[mode]] * len(weights)
     shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows" for w in weights]
     path, key = cache_path(), machine_key()
     table = _read(path)
@@ -76,12 +81,10 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
     for shape, weight in zip(shapes, weights):
         if shape in known:
             continue
-        one = _time_both(weight, 1)
-        many = _time_both(weight, rows)
-        wins = (one[0] < MARGIN * one[1], many[0] < MARGIN * many[1])
-        known[shape] = {(True, True): "packed", (True, False): "packed-one-row", (False, True): "packed-many-rows"}.get(wins, "plain")
-        timed.append(f"{shape}: oneDNN packed {one[0]:.3f} / {many[0]:.3f} ms, F.linear {one[1]:.3f} / {many[1]:.3f} ms "
-                     f"(1 / {rows} rows) -> {known[shape]}")
+        one, many = _time_kernels(weight, 1, ONE_ROW), _time_kernels(weight, rows, MANY_ROWS)
+        known[shape] = f"{_fastest(one)}/{_fastest(many)}"
+        timed.append(f"{shape}: " + ", ".join(f"{name} {one[name]:.3f}" for name in ONE_ROW) + " ms (1 row); "
+                     + ", ".join(f"{name} {many[name]:.3f}" for name in MANY_ROWS) + f" ms ({rows} rows) -> {known[shape]}")
     if timed:
         log.info("Linear kernels timed on this machine (%s), cached in %s ($%s overrides): %s", key, path, ENV_VAR, "; ".join(timed))
         table = _read(path)  # another process may have written meanwhile
@@ -92,6 +95,11 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
         except OSError as err:  # a read-only home: choose again next time
             log.warning("could not cache the kernel choice in %s: %s", path, err)
     return [known[shape] for shape in shapes]
+
+
+def _fastest(times: dict[str, float]) -> str:
+    """The kernel of least time, oneDNN's counted :data:`MARGIN` slower (it costs a second copy of the weight)."""
+    return min(times, key=lambda name: times[name] / (MARGIN if name == "packed" else 1.0))
 
 
 def _read(path: Path) -> dict:
@@ -112,8 +120,8 @@ COLD_BYTES = 96 << 20  # more than a server CPU's last-level cache (32 MiB on th
 MAX_COPIES = 64
 
 
-def _time_both(weight: Tensor, rows: int = 1, rounds: int = 7) -> tuple[float, float]:
-    """Milliseconds a call of ``rows`` rows through (packed, plain): the fastest single call of ``rounds``
+def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int = 7) -> dict[str, float]:
+    """Milliseconds a call of ``rows`` rows through each kernel of ``names``: the fastest single call of ``rounds``
     interleaved rounds (another process taking the core only ever adds time, so the minimum is the kernel's own).
 
     Each call reads another copy of the weight, the copies together larger than the last-level cache, as in
@@ -125,23 +133,30 @@ def _time_both(weight: Tensor, rows: int = 1, rounds: int = 7) -> tuple[float, f
     copies = max(1, min(MAX_COPIES, -(-COLD_BYTES // size)))
     weights = [w.clone() for _ in range(copies)]
     x = torch.randn(rows, w.shape[1], dtype=w.dtype)
-    packed = [torch.ops.mkldnn._reorder_linear_weight(c, None) for c in weights]
-    runs = {
-        "packed": [lambda p=p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in packed],
-        "plain": [lambda c=c: F.linear(x, c) for c in weights],
-    }
-    times: dict[str, list[float]] = {name: [] for name in runs}
+    runs = {name: [_kernel(name, c, x) for c in weights] for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
     with torch.no_grad():
         for fns in runs.values():  # warm-up: first-call allocations, oneDNN's primitive cache
             fns[0]()
             fns[-1]()
         for r in range(rounds):
-            for name in (("packed", "plain") if r % 2 == 0 else ("plain", "packed")):
+            for name in names[r % len(names):] + names[: r % len(names)]:  # each kernel first in turn
                 for fn in runs[name]:
                     start = time.perf_counter()
                     fn()
                     times[name].append((time.perf_counter() - start) * 1e3)
-    return min(times["packed"]), min(times["plain"])
+    return {name: min(times[name]) for name in names}
+
+
+def _kernel(name: str, weight: Tensor, x: Tensor) -> Callable[[], Tensor]:
+    """A call of ``x`` through ``weight`` by the kernel ``name`` (oneDNN's weight packed here, once)."""
+    if name == "packed":
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    if name == "split":
+        parts = split_parts()
+        return lambda: split_linear(x, weight, None, parts)
+    return lambda: F.linear(x, weight)
 
 
 def _cpu_model() -> str:

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.inference.split_linear import split_linear, split_parts
+
 __all__ = ["DTYPES", "DTYPE_ALIASES", "DTYPE_CHOICES", "PackedLinear", "cast_model", "dtype_name", "native_bf16",
            "pack_linears", "parse_dtype"]
 
@@ -121,26 +123,33 @@ packed_linear = torch.ops.aiayn.packed_linear
 
 
 class PackedLinear(nn.Linear):
-    """An ``nn.Linear`` (same ``weight``/``bias`` parameters, same checkpoint keys) whose weight is also held
-    packed for oneDNN, for inference; repacked if the weight changes. Training (grad enabled) and other devices
+    """An ``nn.Linear`` (same ``weight``/``bias`` parameters, same checkpoint keys) whose inference calls take the
+    kernels timed fastest here: ``one`` for one-row calls, ``many`` for several rows, each ``"packed"`` (the weight
+    also held packed for oneDNN; repacked if the weight changes), ``"plain"`` (``F.linear``) or, for one row,
+    ``"split"`` (:func:`~aiayn.inference.split_linear.split_linear`). Training (grad enabled) and other devices
     run the plain ``F.linear``.
 
     Why in fp32 too: on CPUs where MKL's sgemm is slow for a few rows (AMD EPYC here: 1.8x slower for one row
     through the 50257-word output projection, 2.6x for eight), oneDNN's packed kernel reads the weight at
-    memory speed; ``docs/benchmarks.md`` has the measurement. The cost is a second copy of each weight.
+    memory speed; ``docs/benchmarks.md`` has the measurement. The cost is a second copy of each weight packed.
     """
 
-    def __init__(self, linear: nn.Linear, *, rows: str = "all") -> None:
+    KINDS = {"one": ("plain", "packed", "split"), "many": ("plain", "packed")}
+
+    def __init__(self, linear: nn.Linear, *, one: str = "packed", many: str = "packed") -> None:
         nn.Module.__init__(self)
-        if rows not in ("all", "one", "many"):
-            raise ValueError(f"PackedLinear: rows must be 'all', 'one' or 'many', got {rows!r}")
-        self.rows = rows  # the calls that take the packed kernel: any, one-row calls only, or several-row calls only
+        for name, kernel in (("one", one), ("many", many)):
+            if kernel not in self.KINDS[name]:
+                raise ValueError(f"PackedLinear: {name} must be one of {', '.join(self.KINDS[name])}, got {kernel!r}")
+        self.one, self.many = one, many  # the kernels of one-row calls and of several-row calls
+        self.parts = split_parts()  # the slices of a split call: set by the threads at load
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the same Parameter: a tied weight stays tied
         self.bias = linear.bias
         self._packed: Tensor | None = None
         self._packed_for: tuple = ()
-        self._pack()
+        if "packed" in (one, many):
+            self._pack()
         _PACKED[id(self)] = self  # the key a compiled graph calls packed_linear with
 
     def __getstate__(self) -> dict:
@@ -171,21 +180,25 @@ class PackedLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.device.type != "cpu" or self.weight.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)  # training, or moved: the plain path
-        if self.rows != "all" and (x.numel() == x.shape[-1]) != (self.rows == "one"):
-            return F.linear(x, self.weight, self.bias)  # the regime where F.linear was timed faster
+        kernel = self.one if x.numel() == x.shape[-1] else self.many
+        if kernel == "plain":
+            return F.linear(x, self.weight, self.bias)
+        if kernel == "split":
+            return split_linear(x, self.weight, self.bias, self.parts)
         if torch.compiler.is_compiling():
             return packed_linear(x, self.weight, self.bias, id(self))
         return self.packed_forward(x)
 
     def extra_repr(self) -> str:
-        rows = "" if self.rows == "all" else f" for {self.rows}-row calls"
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, packed{rows}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"one row: {self.one}, several rows: {self.many}")
 
 
 def pack_linears(model: nn.Module, rows: int | None = None) -> int:
     """Replace CPU ``nn.Linear`` layers by :class:`PackedLinear`, in place, where torch's oneDNN supports their
-    dtype here and its kernel is the faster one for their shape on this machine (timed once per shape and cached:
-    :func:`~aiayn.inference.kernel_choice.choose_kernels`); returns how many were replaced.
+    dtype here and a kernel other than ``F.linear`` is the faster one for their shape on this machine, for one row
+    or for several (timed once per shape and cached: :func:`~aiayn.inference.kernel_choice.choose_kernels`);
+    returns how many were replaced.
 
     ``rows``: the rows of a several-row call, timed beside one row; by default 8 for models that decode (a
     batch, a prompt) and 64 for encoder-only models (a batch of sentences at once)."""
@@ -196,12 +209,14 @@ def pack_linears(model: nn.Module, rows: int | None = None) -> int:
     candidates = [(n, m) for n, m in model.named_modules()
                   if isinstance(m, nn.Linear) and not isinstance(m, PackedLinear) and can_pack(m.weight)]
     kernels = dict(zip((n for n, _ in candidates), choose_kernels([m.weight for _, m in candidates], rows)))
-    targets = [(n, m) for n, m in candidates if kernels[n] != "plain"]
-    replace_linears(model, targets, lambda name, linear: PackedLinear(linear, rows=_PACKED_ROWS[kernels[name]]))
+    targets = [(n, m) for n, m in candidates if kernels[n] != "plain/plain"]
+
+    def chosen(name: str, linear: nn.Linear) -> PackedLinear:
+        one, many = kernels[name].split("/")
+        return PackedLinear(linear, one=one, many=many)
+
+    replace_linears(model, targets, chosen)
     return len(targets)
-
-
-_PACKED_ROWS = {"packed": "all", "packed-one-row": "one", "packed-many-rows": "many"}
 
 
 def replace_linears(model: nn.Module, targets: list[tuple[str, nn.Linear]], make: Callable[[str, nn.Linear], nn.Module]) -> nn.Module:

@@ -1,6 +1,6 @@
-"""The Linear kernel chosen per shape by timing (aiayn.inference.kernel_choice): for one row and for several,
+"""The Linear kernels chosen per shape by timing (aiayn.inference.kernel_choice): for one row and for several,
 cached per machine, the cache obeyed without timing again, the override obeyed, a corrupt cache ignored with
-a warning and rebuilt, and a layer taking oneDNN only in the regime where it won."""
+a warning and rebuilt, and a layer taking each kernel only in the regime where it won."""
 
 import json
 import logging
@@ -27,57 +27,88 @@ def three_layers() -> nn.Module:
 
 
 def kinds(model: nn.Module) -> list[str]:
-    return [m.rows if isinstance(m, PackedLinear) else "plain" for m in model]
+    return [f"{m.one}/{m.many}" if isinstance(m, PackedLinear) else "plain/plain" for m in model]
 
 
 def test_the_faster_kernel_is_kept_per_shape_and_regime_and_cached(cache, monkeypatch, caplog):
-    # (in_features, rows) -> (packed ms, plain ms): 8->16 packed wins both; 16->8 only for one row
-    timings = {(8, 1): (1.0, 2.0), (8, 8): (1.0, 2.0), (16, 1): (1.0, 2.0), (16, 8): (3.0, 1.0)}
+    # (in_features, rows) -> ms of each kernel: 8->16 packed wins both; 16->8 split for one row, F.linear for 8
+    timings = {(8, 1): {"plain": 2.0, "packed": 1.0, "split": 3.0}, (8, 8): {"plain": 2.0, "packed": 1.0},
+               (16, 1): {"plain": 2.0, "packed": 1.5, "split": 1.0}, (16, 8): {"plain": 1.0, "packed": 3.0}}
     calls = []
-    monkeypatch.setattr(kernel_choice, "_time_both", lambda w, rows: calls.append((w.shape[1], rows)) or timings[(w.shape[1], rows)])
+
+    def timed(w, rows, names):
+        calls.append((w.shape[1], rows))
+        assert tuple(timings[(w.shape[1], rows)]) == names
+        return timings[(w.shape[1], rows)]
+
+    monkeypatch.setattr(kernel_choice, "_time_kernels", timed)
     model = three_layers()
     with caplog.at_level(logging.INFO, logger="aiayn.inference.kernel_choice"):
         assert pack_linears(model) == 3
-    assert "8->16 float32 1|8 rows: oneDNN packed 1.000 / 1.000 ms, F.linear 2.000 / 2.000 ms (1 / 8 rows) -> packed" in caplog.text
-    assert kinds(model) == ["all", "one", "all"]
+    assert ("8->16 float32 1|8 rows: plain 2.000, packed 1.000, split 3.000 ms (1 row); plain 2.000, packed 1.000 ms (8 rows) "
+            "-> packed/packed") in caplog.text
+    assert kinds(model) == ["packed/packed", "split/plain", "packed/packed"]
     assert sorted(calls) == [(8, 1), (8, 8), (16, 1), (16, 8)]  # the third layer's shape was already decided
     table = json.loads(cache.read_text())
-    assert table[kernel_choice.machine_key()] == {"8->16 float32 1|8 rows": "packed", "16->8 float32 1|8 rows": "packed-one-row"}
+    assert table[kernel_choice.machine_key()] == {"8->16 float32 1|8 rows": "packed/packed", "16->8 float32 1|8 rows": "split/plain"}
 
 
-def test_a_layer_packed_for_one_regime_runs_f_linear_in_the_other(monkeypatch):
-    layer = PackedLinear(nn.Linear(8, 4), rows="one")
+def test_packed_is_kept_only_when_3_percent_faster():
+    assert kernel_choice._fastest({"plain": 1.0, "packed": 0.98}) == "plain"  # not worth a second copy of the weight
+    assert kernel_choice._fastest({"plain": 1.0, "packed": 0.96, "split": 0.97}) == "split"
+    assert kernel_choice._fastest({"plain": 1.0, "packed": 0.96, "split": 0.999}) == "packed"
+
+
+def test_a_layer_runs_each_regime_through_its_own_kernel(monkeypatch):
+    layer = PackedLinear(nn.Linear(8, 4), one="packed", many="plain")
     packed_calls = []
     monkeypatch.setattr(layer, "packed_forward", lambda x: packed_calls.append(x.shape) or torch.nn.functional.linear(x, layer.weight, layer.bias))
     with torch.no_grad():
         layer(torch.randn(1, 1, 8))
         layer(torch.randn(2, 3, 8))
     assert packed_calls == [(1, 1, 8)]
-    with pytest.raises(ValueError, match="rows must be 'all', 'one' or 'many', got 'two'"):
-        PackedLinear(nn.Linear(8, 4), rows="two")
+    split = PackedLinear(nn.Linear(8, 5), one="split", many="packed")  # 5 rows: slices and a rest
+    assert split._packed is not None and PackedLinear(nn.Linear(8, 5), one="split", many="plain")._packed is None
+    for x in (torch.randn(1, 1, 8), torch.randn(3, 8)):
+        with torch.no_grad():
+            torch.testing.assert_close(split(x), torch.nn.functional.linear(x, split.weight, split.bias))
+    with pytest.raises(ValueError, match="PackedLinear: one must be one of plain, packed, split, got 'two'"):
+        PackedLinear(nn.Linear(8, 4), one="two")
+    with pytest.raises(ValueError, match="PackedLinear: many must be one of plain, packed, got 'split'"):
+        PackedLinear(nn.Linear(8, 4), many="split")
 
 
 def test_a_cached_choice_is_obeyed_without_timing(cache, monkeypatch):
     cache.parent.mkdir(parents=True)
-    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->16 float32 1|8 rows": "plain", "16->8 float32 1|8 rows": "packed-many-rows"}}))
-    monkeypatch.setattr(kernel_choice, "_time_both", lambda w, rows: pytest.fail("timed a shape the cache decides"))
+    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->16 float32 1|8 rows": "plain/plain", "16->8 float32 1|8 rows": "split/packed"}}))
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed a shape the cache decides"))
     model = three_layers()
     pack_linears(model)
-    assert kinds(model) == ["plain", "many", "plain"]
+    assert kinds(model) == ["plain/plain", "split/packed", "plain/plain"]
     other = three_layers()
     pack_linears(other)
     assert kinds(other) == kinds(model)  # deterministic given the cache
 
 
+def test_a_choice_of_an_older_cache_format_is_timed_again(cache, monkeypatch):
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->4 float32 1|8 rows": "packed-one-row"}}))
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: {n: 2.0 if n == "packed" else 1.0 for n in names})
+    model = nn.Sequential(nn.Linear(8, 4))
+    pack_linears(model)
+    assert kinds(model) == ["plain/plain"]
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows": "plain/plain"}
+
+
 def test_the_override_is_obeyed_and_an_unknown_one_named(cache, monkeypatch):
-    monkeypatch.setattr(kernel_choice, "_time_both", lambda w, rows: pytest.fail("timed under an override"))
-    for mode, expected in (("plain", ["plain"] * 3), ("packed", ["all"] * 3)):
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed under an override"))
+    for mode, expected in (("plain", ["plain/plain"] * 3), ("packed", ["packed/packed"] * 3), ("split", ["split/plain"] * 3)):
         monkeypatch.setenv(kernel_choice.ENV_VAR, mode)
         model = three_layers()
         pack_linears(model)
         assert kinds(model) == expected
     monkeypatch.setenv(kernel_choice.ENV_VAR, "fastest")
-    with pytest.raises(ValueError, match=r"\$AIAYN_LINEAR_KERNEL must be one of measure, packed, plain, got 'fastest'"):
+    with pytest.raises(ValueError, match=r"\$AIAYN_LINEAR_KERNEL must be one of measure, packed, plain, split, got 'fastest'"):
         pack_linears(three_layers())
 
 
@@ -99,9 +130,35 @@ def test_an_encoder_is_timed_at_its_many_rows(cache, monkeypatch):
     from aiayn import build_model
 
     seen = set()
-    monkeypatch.setattr(kernel_choice, "_time_both", lambda w, rows: seen.add(rows) or (1.0, 2.0))
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: seen.add(rows) or {n: 1.0 for n in names})
     pack_linears(build_model("tiny-encoder-only"))
     assert seen == {1, 64}
     seen.clear()
     pack_linears(build_model("tiny-decoder-only"))
     assert seen == {1, 8}
+
+
+def test_decoding_through_split_kernels_gives_plain_decodings_tokens(cache, monkeypatch):
+    """A decoder-only model whose one-row calls are split over the threads (and whose prompt goes through oneDNN)
+    generates, greedy, the tokens of the same model through F.linear everywhere; its logits agree to fp32 rounding."""
+    import copy
+
+    from aiayn import build_model
+    from aiayn.decoding import CausalLMDecoder, GenerationConfig, generate
+    from aiayn.pretrained import prepare_for_inference
+
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder-only", vocab_size=50, bias=True)
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: {n: {"split": 1.0, "packed": 2.0}.get(n, 3.0) for n in names})
+    split = prepare_for_inference(copy.deepcopy(model))
+    monkeypatch.setenv(kernel_choice.ENV_VAR, "plain")
+    plain = prepare_for_inference(copy.deepcopy(model))
+    layers = [m for m in split.modules() if isinstance(m, PackedLinear)]
+    assert layers and all((m.one, m.many) == ("split", "packed") for m in layers)
+    assert not any(isinstance(m, PackedLinear) for m in plain.modules())
+    prompt = torch.randint(4, 50, (1, 5))
+    config = GenerationConfig(max_new_tokens=12, greedy=True, eos_id=None)
+    outs = [generate(CausalLMDecoder(m, static_cache=True), prompt, None, config) for m in (split, plain)]
+    assert outs[0].sequences() == outs[1].sequences()
+    with torch.no_grad():
+        torch.testing.assert_close(split(prompt[:, :1]), plain(prompt[:, :1]), rtol=1e-5, atol=1e-5)
