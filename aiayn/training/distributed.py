@@ -97,6 +97,12 @@ def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     return gathered
 
 
-def shutdown(info: DistInfo) -> None:
+def shutdown(info: DistInfo, *, together: bool = False) -> None:
+    """Leave the process group. ``together`` (a run that ended alike on every rank): first wait for every rank,
+    so that none tears its gloo connections down while another still works (rank 0 writing the last
+    checkpoint): a rank that left early aborted at exit under load ("terminate called without an active
+    exception", ``tests/training/test_loop.py``). After a failure no rank waits: the others may never come."""
     if dist.is_initialized():  # also a group of one (train.parallel=fsdp)
+        if together and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()

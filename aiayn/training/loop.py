@@ -95,10 +95,13 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
         _check_world_size(checkpoint, dist_info.world_size, resplit=fsdp)  # before anything in run_dir is moved
     if checkpoint is not None and dist_info.is_main:
         set_aside_newer(run_dir, checkpoint.step)
+    finished = False
     try:
-        return _train(config, run_dir, device, dist_info, checkpoint, _with_bleu(eval_hook, loop.eval_bleu))
+        result = _train(config, run_dir, device, dist_info, checkpoint, _with_bleu(eval_hook, loop.eval_bleu))
+        finished = True
+        return result
     finally:
-        shutdown(dist_info)
+        shutdown(dist_info, together=finished)
 
 
 def _check_world_size(checkpoint: Checkpoint, world_size: int, *, resplit: bool = False) -> None:
