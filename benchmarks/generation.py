@@ -17,8 +17,8 @@ run (``dst.copy_(src)`` of 256 MiB, read + written bytes over time).
 
 What is left outside the weights: for each of our variants, a share of a decode step's wall time (timed
 without the profiler) that is not spent in the kernels that read the weights (torch.profiler's self time of
-``aten::addmm``/``mm``, oneDNN's ``_linear_pointwise``, the int8 and int4 kernels; one row a token, so
-each is a weight read). The rest is attention, norms, activations, casts, the cache writes, the argmax, the
+``aten::addmm``/``mm``, ``aten::baddbmm``/``bmm`` (the split kernel's slices), oneDNN's ``_linear_pointwise``,
+the int8 and int4 kernels: :data:`WEIGHT_KERNELS`; one row a token, so each is a weight read). The rest is attention, norms, activations, casts, the cache writes, the argmax, the
 dispatch of every op and the Python between them.
 
     python benchmarks/generation.py                                   # everything (long on 2 cores)

@@ -144,21 +144,12 @@ def limit_lengths(lengths: Sequence[np.ndarray], max_len: int | None, too_long: 
     return LengthLimit(np.arange(n, dtype=index), over, 0, n_over)
 
 
-def pad_batch(
-    seqs: Sequence[np.ndarray] | Ragged, *, prefix: int | None = None, suffix: int | None = None, multiple: int = 1,
-) -> tuple[Tensor, Tensor]:
-    """Stack ``prefix + seq + suffix`` rows padded with ``PAD_ID`` -> ``(ids (B, L) long, lengths (B,) long)``;
-    ``L`` is the longest row rounded up to ``multiple`` (:func:`~aiayn.data.batching.padded_length`).
+def pad_batch(seqs: Sequence[np.ndarray] | Ragged, *, multiple: int = 1) -> tuple[Tensor, Tensor]:
+    """Stack rows padded with ``PAD_ID`` -> ``(ids (B, L) long, lengths (B,) long)``; ``L`` is the longest row
+    rounded up to ``multiple`` (:func:`~aiayn.data.batching.padded_length`).
 
-    ``seqs``: the rows as arrays, or as one :class:`Ragged` (a batch fetched whole, e.g. from shards);
-    either way they are placed by :meth:`Ragged.padded`, not a loop over the rows."""
+    ``seqs``: the rows as arrays, or as one :class:`Ragged`; either way they are placed by :meth:`Ragged.padded`,
+    not a loop over the rows."""
     rows = seqs if isinstance(seqs, Ragged) else Ragged.from_arrays(seqs)
-    start, end = int(prefix is not None), int(suffix is not None)
-    out, _ = rows.padded(extra=start + end, multiple=multiple)
-    n = rows.lengths
-    if prefix is not None:  # the ids one column right: the last column is padding in every row (see extra)
-        out[:, 1:] = out[:, :-1].copy()
-        out[:, 0] = prefix
-    if suffix is not None:
-        out[np.arange(len(n)), start + n] = suffix
-    return torch.from_numpy(out), torch.from_numpy(n + (start + end))
+    out, _ = rows.padded(multiple=multiple)
+    return torch.from_numpy(out), torch.from_numpy(rows.lengths)

@@ -4,7 +4,7 @@ Each example is what :class:`~aiayn.data.translation.TranslationDataset` makes o
 EOS, target ids), so the same batches come out; ``max_len`` / ``too_long`` are applied when the shards
 are opened, from the index alone. What stays in the process is small: the lengths the batch plan is made
 from, in the smallest dtype that holds them (uint16 at WMT14's scale), which lines are kept or cut, and,
-from the first batch, each line's start and length (27 MB a side at 4.5M lines); the ids stay in the shards
+from the first batch, each line's start (18 MB a side at 4.5M lines); the ids stay in the shards
 until a collate pads a batch of them (:class:`ShardRows`).
 """
 
@@ -116,35 +116,41 @@ class PreparedSide:
 
     def __init__(self, shards: list[Shard], shard_lines: int) -> None:
         self.shards, self.shard_lines = shards, shard_lines
-        # Read at the first batch (see take): each shard's ids, mapped; each line's first id in its shard and length.
+        # Read once, when first asked for: each line's length (lengths); at the first batch (take), each shard's ids,
+        # mapped, and each line's first id in its shard.
+        self._lengths: np.ndarray | None = None
         self._tokens: list[np.ndarray] | None = None
         self._starts: np.ndarray | None = None
-        self._lengths: np.ndarray | None = None
 
     def lengths(self, plus: int = 0) -> np.ndarray:
-        """Each line's length plus ``plus``, in the smallest dtype that holds them (uint16 for WMT14's sentences):
-        written shard by shard into that array, with no full-size int64 copy on the way."""
-        longest = max((int(s.lengths.max()) for s in self.shards if len(s)), default=0)
-        out = np.empty(sum(len(s) for s in self.shards), dtype=length_dtype(longest + plus))
-        start = 0
-        for s in self.shards:
-            np.add(s.lengths, plus, out=out[start : start + len(s)], casting="unsafe")  # every value fits: see longest
-            start += len(s)
-        return out
+        """Each line's length plus ``plus``, in the smallest dtype that holds them (uint16 for WMT14's sentences).
+
+        The lengths are read from the indexes once, shard by shard into that array (no full-size int64 copy on
+        the way), and kept: ``lengths()`` is that array itself, which the batch plan and :meth:`take` share
+        (read-only); with ``plus`` a new one."""
+        if self._lengths is None:
+            longest = max((int(s.lengths.max()) for s in self.shards if len(s)), default=0)
+            self._lengths = np.empty(sum(len(s) for s in self.shards), dtype=length_dtype(longest))
+            start = 0
+            for s in self.shards:
+                self._lengths[start : start + len(s)] = s.lengths
+                start += len(s)
+        if plus == 0:
+            return self._lengths
+        return np.add(self._lengths, plus, dtype=length_dtype(int(self._lengths.max(initial=0)) + plus))
 
     def take(self, lines: _Lines, most: np.ndarray | None = None) -> ShardRows:
         """A batch's lines, line ``r`` cut to its first ``most[r]`` ids (``most`` in the batch's order), as :class:`ShardRows`.
 
-        Where each line starts and how long it is are read from a copy of the indexes made at the first batch
-        (int32 and uint16: 27 MB a side for WMT14's 4.5M lines, in huge pages): a batch's lines lie at random
-        in the side, and reading them from the memory-mapped indexes, one ``take`` a shard through 4 kB pages,
-        made the loader about 1.5x slower."""
-        if self._tokens is None or self._starts is None or self._lengths is None:
+        Where each line starts is read from a copy of the indexes' offsets made at the first batch (int32: 18 MB
+        a side for WMT14's 4.5M lines, in huge pages), and how long it is from :meth:`lengths`: a batch's lines
+        lie at random in the side, and reading them from the memory-mapped indexes, one ``take`` a shard through
+        4 kB pages, made the loader about 1.5x slower."""
+        if self._tokens is None or self._starts is None:
             self._tokens = [s.tokens for s in self.shards]
             largest = max((len(t) for t in self._tokens), default=0)
             self._starts = np.concatenate([s.index[:, 0] for s in self.shards]).astype(index_dtype(largest))
-            self._lengths = self.lengths()
-        counts = self._lengths.take(lines.lines).astype(np.int64)
+        counts = self.lengths().take(lines.lines).astype(np.int64)
         if most is not None:
             np.minimum(counts, lines.grouped(most), out=counts)
         return ShardRows(self._tokens, self._starts.take(lines.lines).astype(np.int64), counts, lines)
@@ -206,6 +212,6 @@ class PreparedPairs(Dataset):
 def _cut(lengths: np.ndarray, rows: np.ndarray, most: int, plus: int) -> np.ndarray:
     """``lengths`` with ``min(length, most) + plus`` where ``rows`` is set: what truncation leaves of those pairs."""
     cut = np.minimum(lengths[rows].astype(np.int64), most) + plus
-    out = lengths.astype(length_dtype(max(int(lengths.max()), int(cut.max()))), copy=False)  # ours: changed in place
+    out = lengths.astype(length_dtype(max(int(lengths.max()), int(cut.max()))))  # a copy: lengths may be a side's own
     out[rows] = cut
     return out

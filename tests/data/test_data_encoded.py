@@ -19,7 +19,7 @@ def rows(n: int, dtype=np.uint16, longest: int = 12) -> list[np.ndarray]:
 
 
 def padded_row_by_row(seqs, prefix=None, suffix=None, multiple=1) -> tuple[torch.Tensor, torch.Tensor]:
-    """pad_batch as it was: one row at a time."""
+    """Padding as it was: one row at a time, with an optional prefix (BOS) and suffix (EOS)."""
     start = 0 if prefix is None else 1
     lengths = np.array([len(s) + start + (suffix is not None) for s in seqs], dtype=np.int64)
     out = np.full((len(seqs), -(-int(lengths.max()) // multiple) * multiple), PAD_ID, dtype=np.int64)
@@ -32,16 +32,30 @@ def padded_row_by_row(seqs, prefix=None, suffix=None, multiple=1) -> tuple[torch
     return torch.from_numpy(out), torch.from_numpy(lengths)
 
 
-@pytest.mark.parametrize("prefix, suffix, multiple", [(None, None, 1), (1, None, 1), (None, 2, 1), (1, 2, 8), (None, None, 16)])
-def test_pad_batch_equals_padding_row_by_row(prefix, suffix, multiple) -> None:
+@pytest.mark.parametrize("multiple", [1, 8, 16])
+def test_pad_batch_equals_padding_row_by_row(multiple) -> None:
     seqs = rows(37) + [np.zeros(0, dtype=np.uint16)]  # an empty row too
-    expected = padded_row_by_row(seqs, prefix, suffix, multiple)
+    expected = padded_row_by_row(seqs, multiple=multiple)
     for given in (seqs, Ragged.from_arrays(seqs), [s.tolist() for s in seqs]):  # arrays, one Ragged, lists
-        ids, lengths = pad_batch(given, prefix=prefix, suffix=suffix, multiple=multiple)
+        ids, lengths = pad_batch(given, multiple=multiple)
         assert ids.dtype == lengths.dtype == torch.long
         assert torch.equal(ids, expected[0]) and torch.equal(lengths, expected[1])
     with pytest.raises(ValueError, match="cannot pad an empty batch"):
         pad_batch([])
+
+
+@pytest.mark.parametrize("bos, eos, multiple", [(1, 2, 1), (1, 2, 8), (0, 5, 1)])
+def test_collate_translation_equals_padding_row_by_row(bos, eos, multiple) -> None:
+    """src padded; tgt_in = BOS + y and tgt_out = y + EOS, each padded row by row; masks True at the real positions."""
+    src, tgt = rows(30), rows(29) + [np.zeros(0, dtype=np.uint16)]  # an empty target too
+    want_src, src_len = padded_row_by_row(src, multiple=multiple)
+    want_in, tgt_len = padded_row_by_row(tgt, prefix=bos, multiple=multiple)
+    want_out, _ = padded_row_by_row(tgt, suffix=eos, multiple=multiple)
+    for given in (list(zip(src, tgt)), PairBatch(Ragged.from_arrays(src), Ragged.from_arrays(tgt))):
+        batch = collate_translation(given, bos_id=bos, eos_id=eos, pad_to_multiple=multiple)
+        assert torch.equal(batch.src, want_src) and torch.equal(batch.tgt_in, want_in) and torch.equal(batch.tgt_out, want_out)
+        assert torch.equal(batch.src_mask, torch.arange(want_src.shape[1]) < src_len[:, None])
+        assert torch.equal(batch.tgt_mask, torch.arange(want_in.shape[1]) < tgt_len[:, None])
 
 
 @pytest.mark.parametrize("extra, multiple", [(0, 1), (1, 1), (1, 8)])
