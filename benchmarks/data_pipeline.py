@@ -12,14 +12,25 @@ pipeline batches/s divided by training steps/s: above 1, the pipeline keeps up.
 from __future__ import annotations
 
 import argparse
-import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from aiayn.data import ResumableLoader, TokenBudgetBatchSampler, TranslationBatch, TranslationDataset, collate_translation, load_multi30k
+from aiayn.data import (
+    ResumableLoader,
+    TokenBudgetBatchSampler,
+    TranslationBatch,
+    TranslationDataset,
+    collate_translation,
+    load_multi30k,
+)
 from aiayn.tokenization import PAD_ID, BPETokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/machine.py, however this script is loaded
+import machine  # noqa: E402
 
 
 class StandIn(nn.Module):
@@ -100,7 +111,7 @@ def main() -> None:
     step_rate = args.model_steps / t_steps
 
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+    print(f"CPU: {machine.cpu_summary()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     print(f"multi30k train: {len(pairs)} pairs, {len(dataset)} kept (max_len={args.max_len}), "
           f"shared BPE {tok.vocab_size} ids trained in {t_train:.2f} s, encoded in {t_encode:.2f} s")

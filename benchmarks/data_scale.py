@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/machine.py, however this script is loaded
+import machine  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 3125  # the recipe's micro-batch: 25000 tokens a side over 8 micro-batches
 # The paper's base model: 100k steps in 12 hours on 8 P100s (section 5.2), one 3125-token micro-batch per GPU a step.
@@ -44,15 +47,6 @@ PREPARE_MAX_S, PREPARE_MAX_MB = 600, 4096  # 10 minutes on 2 idle cores, 4 GB
 RSS_GROWTH_MAX_MB = 200  # anonymous RSS of a training process: N pairs against Multi30k's 29k
 FIRST_BATCH_MAX_S = 10  # opening the shards, planning the epoch and collating the first batch
 LOADER_MIN_RATIO = 10  # loader batches/s over the arithmetic H200 step rate, one loader process
-
-
-def cpu() -> str:
-    """The CPU's model name and family (from /proc/cpuinfo) and its core count, for the report's header."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    name = fields.get("model name\t", platform.processor() or platform.machine()).strip()
-    family = fields.get("cpu family\t", "?").strip()
-    return f"{name} (family {family}), {os.cpu_count()} cores"
 
 
 def memory() -> dict[str, int]:
@@ -182,7 +176,7 @@ def main() -> None:
     args = p.parse_args()
     work, data_dir = Path(args.work), Path(args.data_dir)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu()}; load average {os.getloadavg()[0]:.1f}; "
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine.cpu_summary()}; load average {os.getloadavg()[0]:.1f}; "
           f"python {platform.python_version()}", flush=True)
     val = (str(data_dir / "multi30k" / "val.en"), str(data_dir / "multi30k" / "val.de"))
     big, prep = big_shards(args, work, data_dir, val)

@@ -1,5 +1,5 @@
-"""llama.cpp as a peer of benchmarks/generation.py: the CPU's name and flags, a Hugging Face GPT-2
-directory llama.cpp's converter accepts, and llama-bench's tokens/s for each GGUF format.
+"""llama.cpp as a peer of benchmarks/generation.py: a Hugging Face GPT-2 directory llama.cpp's converter
+accepts, and llama-bench's tokens/s for each GGUF format.
 
 llama-bench and the GGUF files come from ``benchmarks/llama_cpp.sh`` (build, convert); this module
 only finds and runs them, so the benchmark prints how to build when they are absent.
@@ -28,22 +28,6 @@ FORMATS = {
     "q4_0": ("ours-int4", "ours-int4-compiled"),
 }
 TARGETS = {"f32": 1.0, "bf16": 1.1, "q8_0": 1.2, "q4_0": 1.0}
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-
-
-def cpu_summary() -> str:
-    """'CPU model; avx2 yes, avx512f no, ...' from /proc/cpuinfo (the flags that pick torch's and llama.cpp's kernels)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        import platform
-
-        return f"{platform.processor() or platform.machine()}; flags unknown (no /proc/cpuinfo)"
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "unknown CPU")
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    return model + "; " + ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in FLAGS)
-
-
 def find_llama_bench(explicit: str | None = None) -> Path | None:
     """llama-bench from ``--llama-bench``, $PATH, or what ``llama_cpp.sh build`` made; ``None`` if none."""
     if explicit:

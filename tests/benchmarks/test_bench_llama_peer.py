@@ -1,4 +1,4 @@
-"""benchmarks/llama_peer.py: the tokenizer llama.cpp's converter is given, the CPU line, and the
+"""benchmarks/llama_peer.py: the tokenizer llama.cpp's converter is given, the CPU line (benchmarks/machine.py), and the
 llama.cpp column skipped with the way to build it when llama-bench is absent."""
 
 import pytest
@@ -15,7 +15,7 @@ def test_byte_level_bpe_has_exactly_the_vocabulary_size_and_round_trips():
 
 
 def test_cpu_summary_names_the_flags_that_pick_kernels():
-    line = load_benchmark("llama_peer").cpu_summary()
+    line = load_benchmark("machine").cpu_summary()
     for flag in ("avx2", "avx512f", "avx512_bf16", "amx_tile"):
         assert f"{flag} yes" in line or f"{flag} no" in line
 
