@@ -206,7 +206,7 @@ class LoopSection:
     parallel: str = "ddp"  # under torchrun: ddp (replicate) | fsdp (shard each block, fully_shard; DCP checkpoints)
     cpu_offload: bool = False  # fsdp: keep the sharded parameters and optimizer state in CPU memory
     activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
-    malloc_mmap_threshold: int | None = None  # glibc: a fixed mmap threshold in bytes (65536: less peak RSS, docs/training.md); None = glibc's own
+    malloc_mmap_threshold: int | None = None  # glibc: a fixed mmap threshold in bytes (65536: less peak RSS, half the speed on an AMX Xeon; docs/benchmarks.md); None = glibc's own
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "accumulate", "eval_every", "log_every", "save_every"):

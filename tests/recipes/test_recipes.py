@@ -17,7 +17,7 @@ RECIPES = sorted((ROOT / "aiayn" / "recipes").glob("*.yaml"))
 
 def test_there_are_recipes():
     names = {p.stem for p in RECIPES}
-    assert {"multi30k-de-en", "multi30k-en-de", "shakespeare-char", "shakespeare-char-gpu", "sst2-mlm", "sst2"} <= names
+    assert {"multi30k-de-en", "multi30k-de-en-speedrun", "multi30k-en-de", "shakespeare-char", "shakespeare-char-gpu", "sst2-mlm", "sst2"} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
