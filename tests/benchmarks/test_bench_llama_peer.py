@@ -1,5 +1,5 @@
-"""benchmarks/llama_peer.py: the tokenizer llama.cpp's converter is given, the CPU line (benchmarks/machine.py), and the
-llama.cpp column skipped with the way to build it when llama-bench is absent."""
+"""benchmarks/llama_peer.py: the tokenizer llama.cpp's converter is given, and the llama.cpp column skipped
+with the way to build it when llama-bench is absent."""
 
 import pytest
 from bench_scripts import load_benchmark
@@ -12,12 +12,6 @@ def test_byte_level_bpe_has_exactly_the_vocabulary_size_and_round_trips():
     assert tok.token_to_id("<|endoftext|>") == 699  # GPT-2's end of text is its last id
     text = "ROMEO: wherefore art thou? Ünïcödé 字"
     assert tok.decode(tok.encode(text).ids) == text
-
-
-def test_cpu_summary_names_the_flags_that_pick_kernels():
-    line = load_benchmark("machine").cpu_summary()
-    for flag in ("avx2", "avx512f", "avx512_bf16", "amx_tile"):
-        assert f"{flag} yes" in line or f"{flag} no" in line
 
 
 def test_without_llama_bench_the_column_says_how_to_build(monkeypatch):
