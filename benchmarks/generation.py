@@ -26,11 +26,13 @@ dispatch of every op and the Python between them.
     python benchmarks/generation.py --variants ours-bf16,hf-fp32 --profile ours-bf16
     python benchmarks/generation.py --quick                            # tiny shapes in seconds (smoke test)
 
-llama.cpp is the peer at batch 1 when its llama-bench is built (``benchmarks/llama_cpp.sh build``, about
-15 minutes on 2 cores): the same random GPT-2 weights are converted by llama.cpp's own converter to
-F32, BF16, Q8_0 and Q4_0, ``llama-bench -t THREADS -p PROMPT -n NEW_TOKENS --repack 0`` runs each in the
-same run, and a table gives ours (the best variant of each format) against it. Without the build the
-column is skipped, saying how to build it. ``--llama-cpp no`` skips it.
+llama.cpp is the peer at batch 1 when its llama-bench is built (``benchmarks/llama_cpp.sh build``, 5 to 25
+minutes on 2 cores): the same random GPT-2 weights are converted by llama.cpp's own converter to F32, BF16, Q8_0
+and Q4_0, and ``llama-bench -t THREADS -p PROMPT -n NEW_TOKENS -r 1 --repack 0`` runs each once a round, in the
+same interleaved rounds as ours (a shared machine's bandwidth drifts by a third within minutes: only rounds taken
+together compare). Its rows join the table (``llama.cpp-f32`` ...), and a second table gives ours (the best variant
+of each format) against it. Without the build the column is skipped, saying how to build it. ``--llama-cpp no``
+skips it.
 """
 
 from __future__ import annotations
@@ -51,16 +53,10 @@ from torch import Tensor, nn
 
 from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
-from aiayn.inference import (
-    Int8Linear,
-    PackedLinear,
-    cast_model,
-    pack_linears,
-    quantize_int8,
-)
+from aiayn.inference import Int8Linear, PackedLinear
 from aiayn.inference.precision import can_pack, native_bf16
-from aiayn.inference.quantization import quantize
 from aiayn.interop.hf import load_hf
+from aiayn.pretrained import prepare_for_inference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/llama_peer.py and machine.py, however this script is loaded
 import llama_peer  # noqa: E402
@@ -162,21 +158,20 @@ Runner = tuple[Callable[[Tensor], Tensor], nn.Module, CausalLMDecoder | None]
 
 
 def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str], new_tokens: int) -> dict[str, Runner]:
-    """name -> (ids (B, P) -> generated (B, N), the model it reads, our decoder or ``None``), for the variants asked for. Packs ``ours``
-    in place; an unpacked copy is kept only when an ``-unpacked`` variant is asked for (GPT-2 small: 0.5 GB)."""
+    """name -> (ids (B, P) -> generated (B, N), the model it reads, our decoder or ``None``), for the variants asked for. Each
+    of ours is prepared as ``aiayn.load`` prepares a model (``prepare_for_inference``: quantised, Q/K/V fused, cast, packed
+    where timed faster); ``ours`` becomes the fp32 one in place, and an unpacked copy is kept only when an ``-unpacked``
+    variant is asked for (GPT-2 small: 0.5 GB)."""
     config = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_id=None)
     models: dict[str, nn.Module] = {}
     if any("bf16" in n and n.startswith("ours") for n in names):
-        models["bf16"] = cast_model(copy.deepcopy(ours), torch.bfloat16)
-        pack_linears(models["bf16"])  # as load_pretrained(dtype="bfloat16") does on the CPU
-    if any("int8" in n for n in names):
-        models["int8"] = quantize_int8(copy.deepcopy(ours))
-    if any("int4" in n for n in names):
-        models["int4"] = quantize(copy.deepcopy(ours), "int4")  # a scale and zero per 32 inputs, as llama.cpp's Q4_0
+        models["bf16"] = prepare_for_inference(copy.deepcopy(ours), dtype="bfloat16")
+    for method in ("int8", "int4"):  # int4: a scale and zero per 32 inputs, as llama.cpp's Q4_0
+        if any(method in n for n in names):
+            models[method] = prepare_for_inference(copy.deepcopy(ours), quantize=method)
     if any(n.endswith("-unpacked") for n in names):  # MKL's sgemm through F.linear, as a plain nn.Linear runs
-        models["unpacked"], ours = ours, copy.deepcopy(ours)
-    pack_linears(ours)  # as load_pretrained does on the CPU: weights also in oneDNN's layout (no copy unless needed)
-    models["fp32"] = ours
+        models["unpacked"] = prepare_for_inference(copy.deepcopy(ours), pack=False)
+    models["fp32"] = prepare_for_inference(ours)
     peer_bf16 = copy.deepcopy(peer).to(torch.bfloat16) if "hf-bf16" in names else None
 
     def ours_with(decoder: object) -> Callable[[Tensor], Tensor]:
@@ -251,8 +246,11 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
     reference = outputs.get("hf-fp32")
     if reference is not None and "ours-fp32" in outputs and not torch.equal(outputs["ours-fp32"], reference):
         log.warning("ours-fp32 tokens differ from hf-fp32: %d leading steps agree", leading_agreement(outputs["ours-fp32"], reference))
-    times = interleaved({n: (lambda run=run: run(ids)) for n, (run, _, _) in runners.items()}, args.rounds)
-    rows = []
+    calls: dict[str, Callable[[], object]] = {n: (lambda run=run: run(ids)) for n, (run, _, _) in runners.items()}
+    peer_rates = llama_runners(args, peer, threads) if batch == 1 else {}
+    calls.update({name: call for name, (call, _) in peer_rates.items()})
+    times = interleaved(calls, args.rounds)  # llama-bench's rounds among ours: the machine's drift hits both alike
+    rows = [Row(batch, threads, name, statistics.median(rates), -1, None, tuple(rates)) for name, (_, rates) in peer_rates.items()]
     for name, (_, model, decoder) in runners.items():
         rates = tuple(batch * args.new_tokens / t for t in times[name])
         agree = leading_agreement(outputs[name], reference) if reference is not None else -1
@@ -307,8 +305,7 @@ def bench_beam(args: argparse.Namespace, sizes: dict, threads: int) -> tuple[flo
     """(ours sentences/s, peer sentences/s, same best hypotheses) of beam 4 over ``--beam-sentences`` sources."""
     torch.set_num_threads(threads)
     ours, peer = marian_pair(sizes)
-    if args.beam_packed:
-        pack_linears(ours)  # as load_pretrained does on the CPU
+    prepare_for_inference(ours, pack=args.beam_packed)  # as aiayn.load prepares it (packed unless --beam-unpacked)
     n_new = args.beam_new_tokens
     torch.manual_seed(2)
     src = torch.randint(3, sizes["vocab"], (args.beam_sentences, args.beam_source_len))
@@ -357,22 +354,42 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
 # --------------------------------------------------------------------------- report
 
 
-def bench_llama_cpp(args: argparse.Namespace, shape: Shape, rows: Sequence[Row]) -> str:
-    """llama-bench on the same weights, per GGUF format and thread count, beside ours (batch 1): a table."""
-    bench = llama_peer.find_llama_bench(args.llama_bench)
+LLAMA_SKIPPED = "\nllama.cpp: skipped (no llama-bench; build it with benchmarks/llama_cpp.sh build, or pass --llama-bench PATH)"
+
+
+def llama_runners(args: argparse.Namespace, peer: nn.Module, threads: int) -> dict[str, tuple[Callable[[], None], list[float]]]:
+    """``llama.cpp-<GGUF>`` -> (a call that runs llama-bench once on ``peer``'s weights in that format and keeps its
+    tokens/s, the list it keeps them in): timed in the same interleaved rounds as ours. Empty without llama-bench
+    or with ``--llama-cpp no``."""
+    bench = llama_peer.find_llama_bench(args.llama_bench) if args.llama_cpp == "auto" else None
     if bench is None:
-        return "\nllama.cpp: skipped (no llama-bench; build it with benchmarks/llama_cpp.sh build, or pass --llama-bench PATH)"
-    _, peer = gpt2_pair(shape)
+        return {}
     files = llama_peer.gguf_files(peer)
-    lines = [f"\nllama.cpp ({bench}), batch 1, --repack 0, {args.rounds} repetitions, in this run",
+    runners: dict[str, tuple[Callable[[], None], list[float]]] = {}
+    for fmt in llama_peer.FORMATS:
+        rates: list[float] = []
+        def call(gguf: Path = files[fmt], rates: list[float] = rates) -> None:
+            rates.append(llama_peer.llama_bench_tokens_per_s(bench, gguf, threads, args.prompt, args.new_tokens, 1))
+        runners[f"llama.cpp-{fmt}"] = (call, rates)
+    return runners
+
+
+def llama_table(args: argparse.Namespace, rows: Sequence[Row]) -> str:
+    """Ours (the best variant of each format) against llama.cpp's rows timed in the same rounds, batch 1: a table."""
+    if not any(r.variant.startswith("llama.cpp-") for r in rows):
+        return LLAMA_SKIPPED
+    bench = llama_peer.find_llama_bench(args.llama_bench)
+    lines = [f"\nllama.cpp ({bench}), batch 1, --repack 0, one llama-bench run a round, in the rounds of ours",
              "| threads | GGUF | llama.cpp tok/s | ours, best variant | ours tok/s | ours/llama.cpp | target |",
              "| ---: | --- | ---: | --- | ---: | ---: | --- |"]
     for threads in args.threads:
         for fmt, variants in llama_peer.FORMATS.items():
-            peer_rate = llama_peer.llama_bench_tokens_per_s(bench, files[fmt], threads, args.prompt, args.new_tokens, args.rounds)
+            peer_row = next((r for r in rows if r.batch == 1 and r.threads == threads and r.variant == f"llama.cpp-{fmt}"), None)
+            if peer_row is None:
+                continue
             ours = [r for r in rows if r.batch == 1 and r.threads == threads and r.variant in variants]
             best = max(ours, key=lambda r: r.tokens_per_s, default=None)
-            want = llama_peer.TARGETS[fmt]
+            want, peer_rate = llama_peer.TARGETS[fmt], peer_row.tokens_per_s
             if best is None:
                 lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | (not run: {', '.join(variants)}) | - | - | >= {want} |")
                 continue
@@ -485,7 +502,7 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, fl
         print("outside the weights: 1 - (the median step's time in the kernels that read the weights, torch.profiler's self "
               "time) / (the median step's wall time, unprofiled); 16 steps of each, alternating")
         if args.llama_cpp == "auto" and 1 in args.batches:
-            print(bench_llama_cpp(args, shape, rows))
+            print(llama_table(args, rows))
     beams = []
     if args.beam != "no":
         print(f"\nbeam 4, Marian shape ({sizes}), {args.beam_sentences} sources of {args.beam_source_len} tokens, {args.beam_new_tokens} tokens each")

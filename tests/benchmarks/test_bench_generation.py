@@ -17,7 +17,8 @@ def test_quick_mode_runs_every_eager_variant_and_beam_search(capsys):
     bench = _load_script()
     threads = torch.get_num_threads()
     variants = "ours-fp32,ours-fp32-unpacked,ours-fp32-dynamic,ours-bf16,ours-int8,ours-fp32-uncached,hf-fp32,hf-bf16"
-    rows, beams = bench.main(["--quick", "--variants", variants, "--batches", "1,2", "--threads", "1"])
+    rows, beams = bench.main(["--quick", "--variants", variants, "--batches", "1,2", "--threads", "1",
+                              "--llama-cpp", "no"])
     assert torch.get_num_threads() == threads
     assert {(r.batch, r.variant) for r in rows} == {(b, v) for b in (1, 2) for v in variants.split(",")}
     for r in rows:

@@ -1,6 +1,8 @@
 """benchmarks/llama_peer.py: the tokenizer llama.cpp's converter is given, and the llama.cpp column skipped
 with the way to build it when llama-bench is absent."""
 
+from pathlib import Path
+
 import pytest
 from bench_scripts import load_benchmark
 
@@ -19,5 +21,29 @@ def test_without_llama_bench_the_column_says_how_to_build(monkeypatch):
     gen = load_benchmark("generation")
     monkeypatch.setattr(gen.llama_peer, "find_llama_bench", lambda explicit=None: None)
     args = gen.parse_args(["--quick"])
-    text = gen.bench_llama_cpp(args, gen.QUICK_GPT, [])
+    assert gen.llama_runners(args, None, 1) == {}  # no llama-bench: nothing joins the rounds
+    text = gen.llama_table(args, [])
     assert "skipped" in text and "benchmarks/llama_cpp.sh build" in text
+
+
+def test_llama_bench_runs_in_the_rounds_of_ours_and_the_table_divides_the_rates(monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    gen = load_benchmark("generation")
+    rates = {"f32": [20.0], "bf16": [40.0], "q8_0": [50.0], "q4_0": [60.0]}
+    calls: list[str] = []
+
+    def fake_bench(bench, gguf, threads, prompt, new_tokens, repetitions):
+        assert repetitions == 1  # one llama-bench run a round
+        calls.append(gguf.name)
+        return rates[gguf.name].pop(0)
+
+    monkeypatch.setattr(gen.llama_peer, "find_llama_bench", lambda explicit=None: Path("llama-bench"))
+    monkeypatch.setattr(gen.llama_peer, "gguf_files", lambda peer: {fmt: Path(fmt) for fmt in gen.llama_peer.FORMATS})
+    monkeypatch.setattr(gen.llama_peer, "llama_bench_tokens_per_s", fake_bench)
+    rows, _ = gen.main(["--quick", "--variants", "ours-fp32,hf-fp32", "--batches", "1", "--threads", "1",
+                        "--beam", "no"])
+    assert sorted(calls) == sorted(rates)  # each format once a round (--quick: one round)
+    peer = {r.variant: r for r in rows}
+    assert peer["llama.cpp-f32"].tokens_per_s == 20.0
+    ratio = peer["ours-fp32"].tokens_per_s / 20.0
+    assert f"| 1 | f32 | 20.00 | ours-fp32 | {peer['ours-fp32'].tokens_per_s:,.2f} | {ratio:.2f} |" in capsys.readouterr().out
