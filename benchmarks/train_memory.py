@@ -9,12 +9,15 @@ on the few largest batches of the first epoch). Peak RSS also holds the interpre
 the data set, the tokenizer and whatever the allocator keeps of freed blocks: ``peak / HWM`` is the
 overhead. Each recipe trains in a fresh process (the environment passes through, so allocator
 settings such as ``MALLOC_ARENA_MAX`` apply to it), for ``--steps`` steps, checkpointing and
-validating once at the end.
+validating once at the end, once under each allocator of ``--allocators`` (the system's malloc, and
+mimalloc, which the ``aiayn`` command preloads where it is installed: :mod:`aiayn.allocator`), one after the
+other, each row with the median tokens/s of its steps and its last loss (an allocator must change no bit).
 
     python benchmarks/train_memory.py                                   # every CPU recipe, 60 steps each
     python benchmarks/train_memory.py --recipes multi30k-de-en --steps 60
     MALLOC_ARENA_MAX=2 python benchmarks/train_memory.py --recipes multi30k-de-en
     python benchmarks/train_memory.py --config my.yaml --steps 2 --set data.pad_to_multiple=8
+    python benchmarks/train_memory.py --recipes multi30k-de-en --steps 150 --allocators system,mimalloc
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,7 +67,7 @@ def measure(config: Any) -> dict[str, Any]:
     from aiayn.checkpoint.weights import read_safetensors
     from aiayn.training.loop import train
     from aiayn.training.master_weights import MasterWeights
-    from aiayn.training.metrics_log import peak_rss_bytes
+    from aiayn.training.metrics_log import peak_rss_bytes, read_metrics
     from aiayn.training.precision import MASTER
 
     result = train(config, resume=False)
@@ -79,7 +83,10 @@ def measure(config: Any) -> dict[str, Any]:
     optimizer_tensors, _ = read_safetensors(result.last_checkpoint / "optimizer.safetensors")
     optimizer_bytes = sum(t.numel() * t.element_size() for t in optimizer_tensors.values())
     activation_bytes, shape = largest_activations(result, config, precision, master)
+    records = [r for r in read_metrics(result.run_dir) if "tokens_per_s" in r]
     return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in records) if records else None,
+        "loss": records[-1]["loss"] if records else None,
         "precision": precision, "peak_rss": peak, "params": param_bytes, "grads": grad_bytes, "optimizer": optimizer_bytes,
         "activations": activation_bytes, "largest_batch": shape, "steps": result.step,
         "hwm": param_bytes + grad_bytes + optimizer_bytes + activation_bytes,
@@ -150,12 +157,21 @@ def saved_bytes(model: Any, task: str, batch: Any, config: Any, precision: str, 
 # --------------------------------------------------------------------------- the parent: one process per recipe
 
 
-def run_child(config: str, steps: int, overrides: Sequence[str]) -> dict[str, Any]:
+def child_env(allocator: str) -> dict[str, str]:
+    """The environment of a training process under ``allocator`` (``system`` or ``mimalloc``), as the ``aiayn``
+    command would set it (:func:`aiayn.allocator.preload_env`); a ``RuntimeError`` where mimalloc cannot be had."""
+    from aiayn.allocator import ENV_VAR, preload_env
+
+    env = {**os.environ, ENV_VAR: allocator}
+    return preload_env(env) or env
+
+
+def run_child(config: str, steps: int, overrides: Sequence[str], allocator: str = "system") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="train-memory-") as tmp:
         cmd = [sys.executable, __file__, "--child", config, "--steps", str(steps), "--run-dir", str(Path(tmp) / "run")]
         for item in overrides:
             cmd += ["--set", item]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+        out = subprocess.run(cmd, capture_output=True, text=True, env=child_env(allocator))
     lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT)]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"{config}: the training process failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
@@ -165,12 +181,16 @@ def run_child(config: str, steps: int, overrides: Sequence[str]) -> dict[str, An
 def format_table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
     mb = 2**20
     lines = [
-        "| recipe | precision | steps | peak RSS MB | tensor HWM MB | peak / HWM | params MB | grads MB | optimizer MB | activations MB | largest batch |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| recipe | allocator | precision | steps | tokens/s | last loss | peak RSS MB | tensor HWM MB | peak / HWM | params MB | grads MB "
+        "| optimizer MB | activations MB | largest batch |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, r in rows:
+        rate = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"
+        loss = f"{r['loss']:.6f}" if r.get("loss") is not None else "-"
         lines.append(
-            f"| {name} | {r['precision']} | {r['steps']} | {r['peak_rss'] / mb:,.0f} | {r['hwm'] / mb:,.0f} | {r['peak_rss'] / r['hwm']:.2f} | "
+            f"| {name} | {r.get('allocator', '-')} | {r['precision']} | {r['steps']} | {rate} | {loss} | {r['peak_rss'] / mb:,.0f} | "
+            f"{r['hwm'] / mb:,.0f} | {r['peak_rss'] / r['hwm']:.2f} | "
             f"{r['params'] / mb:,.1f} | {r['grads'] / mb:,.1f} | {r['optimizer'] / mb:,.1f} | {r['activations'] / mb:,.1f} | "
             f"{r['largest_batch']} |"
         )
@@ -184,11 +204,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="training steps per recipe (default: 60)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every run, as aiayn train --set (repeatable)")
+    p.add_argument("--allocators", default="system,mimalloc",
+                   help="comma-separated, from system, mimalloc: each recipe trains once under each (default: both)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one recipe, in this process
     p.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
+    args.allocators = [a for a in args.allocators.split(",") if a]
+    if not args.allocators or any(a not in ("system", "mimalloc") for a in args.allocators):
+        p.error(f"--allocators: comma-separated from system, mimalloc, got {','.join(args.allocators)!r}")
     if args.recipes and args.config:
         p.error("give --recipes or --config, not both")
     if args.recipes:
@@ -207,17 +232,18 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
         print(RESULT + json.dumps(result), flush=True)
         return [(args.child, result)]
     names = [args.config] if args.config else (args.recipes.split(",") if args.recipes else cpu_recipes())
-    allocator = {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "LD_PRELOAD"))}
+    settings = {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "MIMALLOC_", "LD_PRELOAD"))}
     print(f"CPU: {machine.cpu_summary()}; python {platform.python_version()}; "
-          f"allocator settings: {allocator or 'none (glibc defaults)'}; overrides: {args.overrides or 'none'}")
+          f"allocator settings: {settings or 'none (the defaults)'}; overrides: {args.overrides or 'none'}")
     if not args.config and not args.recipes:
         print("left out: " + "; ".join(f"{k} ({v})" for k, v in SKIPPED.items()))
     rows = []
     for name in names:
-        r = run_child(name, args.steps, args.overrides)
-        rows.append((name, r))
-        print(f"  {name}: peak RSS {r['peak_rss'] / 2**20:,.0f} MB, tensor HWM {r['hwm'] / 2**20:,.0f} MB "
-              f"({r['peak_rss'] / r['hwm']:.2f}x)", flush=True)
+        for allocator in args.allocators:
+            r = {**run_child(name, args.steps, args.overrides, allocator), "allocator": allocator}
+            rows.append((name, r))
+            print(f"  {name}, {allocator}: peak RSS {r['peak_rss'] / 2**20:,.0f} MB, tensor HWM {r['hwm'] / 2**20:,.0f} MB "
+                  f"({r['peak_rss'] / r['hwm']:.2f}x)", flush=True)
     print(format_table(rows))
     return rows
 

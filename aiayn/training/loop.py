@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from aiayn.allocator import describe as describe_allocator
+from aiayn.allocator import set_mmap_threshold
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
@@ -44,7 +46,6 @@ from aiayn.pretrained import LABELS_FILE
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
 from aiayn.training.activation_checkpointing import apply_activation_checkpointing
-from aiayn.training.allocator import set_mmap_threshold
 from aiayn.training.config import LoopSection, TrainConfig, build_model_config
 from aiayn.training.distributed import DistInfo, all_gather_objects, any_rank, init_distributed, shutdown
 from aiayn.training.evaluate import validate
@@ -198,6 +199,8 @@ def _train(
     precision = resolve_precision(loop.precision, device, n_params=n_params, master_ok=master_ok)
     if loop.precision == "auto":
         log.info("train.precision=auto: %s on this %s", precision, device.type)
+    if device.type == "cpu" and dist_info.is_main:
+        log.info("memory allocator: %s", describe_allocator())  # the peak_rss_mb of the metrics depends on it
     if config.data.dataset == "files" and dist_info.is_main:
         log.info(size_hint(data, n_params, pretrained=loop.init_from is not None))
     if loop.activation_checkpointing:

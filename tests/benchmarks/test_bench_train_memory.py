@@ -27,10 +27,21 @@ def test_the_child_reports_peak_rss_beside_a_high_water_mark_that_adds_up(tmp_pa
     rows, lengths = zip(*(side.split("x") for side in r["largest_batch"].split(" + ")))
     assert len(rows) == 2 and all(int(n) % 8 == 0 for n in lengths)  # source and target, padded to 8
     table = bench.format_table([(name, r)])
-    assert r["precision"] == "float32" and f"| {path} | float32 | 2 |" in table
+    assert r["precision"] == "float32" and f"| {path} | - | float32 | 2 | {r['tokens_per_s']:,.0f} | {r['loss']:.6f} |" in table
 
 
-@pytest.mark.parametrize("argv", [["--steps", "0"], ["--recipes", "no-such-recipe"], ["--recipes", "sst2", "--config", "x.yaml"]])
+def test_each_allocator_gets_the_environment_the_aiayn_command_would_give_it(monkeypatch):
+    from aiayn.allocator import mimalloc_path
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    bench = _load_script()
+    assert "LD_PRELOAD" not in bench.child_env("system") and bench.child_env("system")["AIAYN_ALLOCATOR"] == "system"
+    if mimalloc_path() is not None:
+        assert bench.child_env("mimalloc")["LD_PRELOAD"] == str(mimalloc_path())
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--recipes", "no-such-recipe"], ["--recipes", "sst2", "--config", "x.yaml"],
+                                  ["--allocators", "jemalloc"]])
 def test_flag_errors(argv):
     with pytest.raises(SystemExit):
         _load_script().parse_args(argv)
