@@ -64,9 +64,12 @@ def preload_env(env: Mapping[str, str], *, platform: str = sys.platform, library
     if mode == "system" or env.get(_EXECED) or "malloc" in env.get("LD_PRELOAD", ""):
         return None
     library = library or mimalloc_path()
-    if platform != "linux" or library is None:
+    usable = library is not None and not any(c in str(library) for c in " :")  # LD_PRELOAD splits at both
+    if platform != "linux" or not usable:
         if mode == "mimalloc":
-            where = "on Linux only" if platform != "linux" else "from the cmeel-mimalloc wheel (pip install cmeel-mimalloc)"
+            where = ("on Linux only" if platform != "linux" else
+                     f"from a path without spaces or colons, not {str(library)!r}" if library is not None else
+                     "from the cmeel-mimalloc wheel (pip install cmeel-mimalloc)")
             raise RuntimeError(f"${ENV_VAR}=mimalloc: mimalloc is preloaded {where}; set ${ENV_VAR}=auto or system")
         return None
     preload = " ".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)

@@ -33,6 +33,10 @@ def test_nothing_to_do(env):
 
 def test_auto_without_mimalloc_or_off_linux_runs_as_it_is_and_mimalloc_says_why():
     assert allocator.preload_env({}, platform="darwin", library=LIB) is None
+    spaced = Path("/my venv/lib/libmimalloc.so")  # LD_PRELOAD splits paths at spaces and colons
+    assert allocator.preload_env({}, platform="linux", library=spaced) is None
+    with pytest.raises(RuntimeError, match="without spaces or colons"):
+        allocator.preload_env({"AIAYN_ALLOCATOR": "mimalloc"}, platform="linux", library=spaced)
     with pytest.raises(RuntimeError, match=r"AIAYN_ALLOCATOR=mimalloc.*Linux only"):
         allocator.preload_env({"AIAYN_ALLOCATOR": "mimalloc"}, platform="win32", library=LIB)
 
