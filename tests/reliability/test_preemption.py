@@ -97,7 +97,7 @@ def test_a_second_signal_exits_at_once(monkeypatch):
 
 @pytest.mark.slow
 def test_sigterm_under_torchrun_saves_every_ranks_state(tmp_path):
-    """torchrun forwards SIGTERM to both gloo ranks: they agree on the step, and rank 0 saves with rank 1's
+    """torchrun forwards SIGTERM to the gloo ranks: they agree on the step, and rank 0 saves with rank 1's
     generators and loader position."""
     config = _config(tmp_path)
     run_dir = Path(config.run_dir)
@@ -113,5 +113,7 @@ def test_sigterm_under_torchrun_saves_every_ranks_state(tmp_path):
     checkpoint = load_checkpoint(saved[0])
     assert set(checkpoint.ranks) == {1} and checkpoint.ranks[1].data is not None
     assert f"interrupted by SIGTERM at step {checkpoint.step}: saved {saved[0]}" in err
-    assert err.count("SIGTERM: finishing this step, then saving a checkpoint") == 2  # both ranks saw it
+    # At least one rank saw it; the other may learn it from the step's all-reduce and exit before torchrun's forwarded
+    # SIGTERM reaches it (seen once in CI on a loaded 2-core machine), and the checkpoint above holds its state anyway.
+    assert 1 <= err.count("SIGTERM: finishing this step, then saving a checkpoint") <= 2
     # torchrun itself ends with its agent's SignalException (torch's own traceback, after the workers saved)
