@@ -3,8 +3,9 @@
 Training feeds the model batches of a new shape nearly every step. glibc's malloc keeps the freed blocks of
 the old shapes (its mmap threshold grows with the largest block freed, so large tensors come from the heap,
 which it rarely gives back), and a run's resident memory climbs far above what its tensors need. mimalloc
-reuses and returns them: 150 steps of ``multi30k-de-en`` peaked at 1.71 GB against glibc's 3.16 GB, at 4,800
-tokens/s against 4,085, with the same loss to the last bit (``docs/benchmarks.md``, which CPU and when).
+reuses and returns them: 150 steps of ``multi30k-de-en`` peaked at 1,720 MB against glibc's 3,205 MB, at 4,713
+tokens/s against 4,045, with the same loss to the last bit (``benchmarks/train_memory.py --allocators``; the CPU, the
+date and the command in ``docs/benchmarks.md``).
 
 A running process cannot change its allocator, so the command re-executes itself once, with mimalloc in
 ``LD_PRELOAD``, before it imports torch (PyTorch's own CPU launcher, ``torch.backends.xeon.run_cpu``, preloads
