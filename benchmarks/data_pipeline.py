@@ -12,13 +12,12 @@ pipeline batches/s divided by training steps/s: above 1, the pipeline keeps up.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from aiayn.cpu import cpu_summary
 from aiayn.data import (
     ResumableLoader,
     TokenBudgetBatchSampler,
@@ -28,9 +27,6 @@ from aiayn.data import (
     load_multi30k,
 )
 from aiayn.tokenization import PAD_ID, BPETokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/machine.py, however this script is loaded
-import machine  # noqa: E402
 
 
 class StandIn(nn.Module):
@@ -111,7 +107,7 @@ def main() -> None:
     step_rate = args.model_steps / t_steps
 
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"CPU: {machine.cpu_summary()}, torch {torch.__version__}, "
+    print(f"CPU: {cpu_summary()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     print(f"multi30k train: {len(pairs)} pairs, {len(dataset)} kept (max_len={args.max_len}), "
           f"shared BPE {tok.vocab_size} ids trained in {t_train:.2f} s, encoded in {t_encode:.2f} s")

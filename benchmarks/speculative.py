@@ -25,14 +25,14 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from aiayn.cpu import cpu_summary
 from aiayn.decoding import GenerationConfig, generate
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.speculative import DEFAULT_DRAFT_TOKENS, DEFAULT_NGRAM, SpeculativeDecoder
 from aiayn.pretrained import prepare_for_inference
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/generation.py and machine.py, however this script is loaded
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/generation.py, however this script is loaded
 import generation as generation_bench  # noqa: E402
-import machine  # noqa: E402
 
 
 class PerfectDrafts:
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], int]:
 
 
 def report(rows: list[Row], args: argparse.Namespace, prompt_len: int) -> None:
-    print(f"# speculative decoding, {machine.cpu_summary()}, {args.threads} threads, prompt {prompt_len} "
+    print(f"# speculative decoding, {cpu_summary()}, {args.threads} threads, prompt {prompt_len} "
           f"tokens ({args.prompt_repeats}x a text), {args.new_tokens} greedy tokens, K={args.draft_tokens}, ngram={args.ngram}")
     base = statistics.median(rows[0].seconds)
     print("| decoder | tok/s (median) | vs plain | same tokens | acceptance | target forwards |")

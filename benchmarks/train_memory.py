@@ -34,8 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/machine.py, however this script is loaded
-import machine  # noqa: E402
+from aiayn.cpu import cpu_summary
 
 RESULT = "TRAIN_MEMORY_RESULT "  # the child's one line of JSON
 # Recipes that need a GPU or another run's weights (init_from) are left out of the default list.
@@ -233,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
         return [(args.child, result)]
     names = [args.config] if args.config else (args.recipes.split(",") if args.recipes else cpu_recipes())
     settings = {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "MIMALLOC_", "LD_PRELOAD"))}
-    print(f"CPU: {machine.cpu_summary()}; python {platform.python_version()}; "
+    print(f"CPU: {cpu_summary()}; python {platform.python_version()}; "
           f"allocator settings: {settings or 'none (the defaults)'}; overrides: {args.overrides or 'none'}")
     if not args.config and not args.recipes:
         print("left out: " + "; ".join(f"{k} ({v})" for k, v in SKIPPED.items()))

@@ -34,25 +34,21 @@ import argparse
 import logging
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn import build_model
+from aiayn.cpu import cpu_summary
 from aiayn.inference.precision import native_bf16
 from aiayn.training.losses import IGNORE_INDEX, label_smoothed_cross_entropy
 from aiayn.training.master_weights import MasterWeights
 from aiayn.training.precision import MASTER_MIN_PARAMS
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/machine.py, however this script is loaded
-import machine  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -351,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
 
 
 def _run(args: argparse.Namespace) -> list[Row]:
-    print(f"CPU: {machine.cpu_summary()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"CPU: {cpu_summary()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     if not native_bf16(torch.device("cpu")):
         print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls are a slow generic loop, so bf16 rows measure that")
     # fp32's peak always (a percentage column); bf16's only when a bf16 row asks for it: without native bf16 the

@@ -5,8 +5,8 @@ weight's rows split over torch's threads (:mod:`aiayn.inference.split_linear`) t
 oneDNN was 1.8x faster than MKL through GPT-2's output projection on an AVX2 AMD EPYC, MKL 1.36x faster for
 768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked the winner on both, so
 :func:`choose_kernels` times them for each distinct shape, dtype and thread count, for one row and for
-several (F.linear against oneDNN), keeps the fastest, and caches the answer per CPU model, torch version and
-thread count in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
+several (F.linear against oneDNN), keeps the fastest, and caches the answer per CPU (name, family, model,
+stepping and kernel flags: two AMD EPYCs of different generations share a name), torch version and thread count in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
 
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack),
 ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Callable
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
+from aiayn.cpu import cpu_key
 from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
@@ -57,8 +57,9 @@ def cache_path() -> Path:
 
 
 def machine_key() -> str:
-    """What a timing depends on besides the shape: the CPU model, torch's version and the thread count."""
-    return f"{_cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    """What a timing depends on besides the shape: the CPU (:func:`aiayn.cpu.cpu_key`: its name alone is shared by
+    CPUs whose winners differ), torch's version and the thread count."""
+    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
 
 
 def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
@@ -157,14 +158,3 @@ def _kernel(name: str, weight: Tensor, x: Tensor) -> Callable[[], Tensor]:
         parts = split_parts()
         return lambda: split_linear(x, weight, None, parts)
     return lambda: F.linear(x, weight)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
