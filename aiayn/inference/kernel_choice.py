@@ -6,7 +6,8 @@ oneDNN was 1.8x faster than MKL through GPT-2's output projection on an AVX2 AMD
 768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked the winner on both, so
 :func:`choose_kernels` times them for each distinct shape, dtype and thread count, for one row and for
 several (F.linear against oneDNN), keeps the fastest, and caches the answer per CPU (name, family, model,
-stepping and kernel flags: two AMD EPYCs of different generations share a name), torch version and thread count in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
+stepping and kernel flags: two AMD EPYCs of different generations share a name), torch version and thread count
+in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
 
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack),
 ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several).
