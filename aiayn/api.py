@@ -44,6 +44,7 @@ from aiayn.models.encoder_only import EncoderOnly
 from aiayn.pretrained import Pretrained, id2label_names, load_pretrained, prepare_for_inference
 from aiayn.tokenization.base import Tokenizer, same_vocabulary
 from aiayn.tokenization.special import SpecialIds, special_ids
+from aiayn.training.config import DecodeSection
 from aiayn.untrusted import read_json_file
 
 __all__ = ["load", "load_parts", "LoadedModel", "Prediction", "is_hf_dir"]
@@ -64,11 +65,12 @@ class LoadedModel:
 
     def __init__(
         self, model: nn.Module, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer, *, path: Path,
-        labels: list[str] | None = None,
+        labels: list[str] | None = None, decode: DecodeSection | None = None,
     ) -> None:
         self.model = model
         self.config: TransformerConfig = model.config  # type: ignore[assignment]
         self.src_tokenizer, self.tgt_tokenizer, self.path, self.labels = src_tokenizer, tgt_tokenizer, path, labels
+        self.decode = decode or DecodeSection()  # the beam search its recipe chose on val, else the paper's
 
     @property
     def family(self) -> str:
@@ -88,13 +90,16 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
     def translate(
-        self, texts: str | Sequence[str], beam_size: int = 4, *, length_penalty: float = 0.6,
+        self, texts: str | Sequence[str], beam_size: int | None = None, *, length_penalty: float | None = None,
         max_new_tokens: int | None = None, batch_size: int = 16,
     ) -> list[str]:
-        """Translate each text with beam search (section 6.1: beam 4, length penalty 0.6)."""
+        """Translate each text with beam search; ``beam_size`` and ``length_penalty`` default to the model's
+        ``decode`` settings (its recipe's, else the paper's beam 4 and alpha 0.6, section 6.1)."""
         model = self._need(EncoderDecoder, "translate")
         texts = _as_list(texts, "texts")
-        config = beam_config(self.tgt_tokenizer, beam_size=beam_size, length_penalty=length_penalty, max_new_tokens=max_new_tokens)
+        config = beam_config(self.tgt_tokenizer, beam_size=self.decode.beam_size if beam_size is None else beam_size,
+                             length_penalty=self.decode.length_penalty if length_penalty is None else length_penalty,
+                             max_new_tokens=max_new_tokens)
         results = translate_sentences([model], self.src_tokenizer, texts, config, tgt_tokenizer=self.tgt_tokenizer, batch_size=batch_size)
         return [self.tgt_tokenizer.decode(hyps[0].tokens) if hyps else "" for hyps in results]
 
@@ -234,7 +239,8 @@ def load(
     loaded = load_parts(path, device=device or "cpu", dtype=dtype, quantize=quantize, pack=pack)
     if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
         raise ValueError(f"{path}: no tokenizer, so text cannot be encoded ({loaded.path} holds no tokenizer file)")
-    return LoadedModel(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, path=loaded.path, labels=loaded.labels)
+    return LoadedModel(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, path=loaded.path, labels=loaded.labels,
+                       decode=loaded.decode)
 
 
 def load_parts(

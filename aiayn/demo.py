@@ -62,8 +62,9 @@ def run_demo(
     say(f"trained {result.step} steps; validation loss {result.metrics.get('val_loss', float('nan')):.3f}")
     loaded = load_pretrained(run_dir)
     test = load_multi30k("test2016", direction="de-en", data_dir=data_dir)
-    say(f"translating the {len(test.src)} sentences of test2016 with beam search (beam 4, alpha 0.6)...")
-    hyps = translate_corpus(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, test.src, beam=BeamConfig())  # type: ignore[arg-type]
+    beam = BeamConfig(beam_size=loaded.decode.beam_size, length_penalty=loaded.decode.length_penalty)
+    say(f"translating the {len(test.src)} sentences of test2016 with beam search (beam {beam.beam_size}, alpha {beam.length_penalty})...")
+    hyps = translate_corpus(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, test.src, beam=beam)  # type: ignore[arg-type]
     scores = evaluate_translation(hyps, test.tgt)
     say(f"\nsacreBLEU on test2016 (de->en): {scores['bleu']}  chrF: {scores['chrf']}")
     say(f"  {scores['bleu_signature']}")

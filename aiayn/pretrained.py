@@ -34,6 +34,7 @@ from aiayn.checkpoint.weights import (
     read_safetensors,
     state_dict_to_bytes,
 )
+from aiayn.config_io import from_dict, parse_yaml_value
 from aiayn.inference.fusion import fuse_projections
 from aiayn.inference.precision import cast_model, native_bf16, pack_linears, parse_dtype
 from aiayn.inference.quantization import QUANTIZATIONS, parse_quantize, quantization_record
@@ -44,7 +45,8 @@ from aiayn.models.presets import model_class
 from aiayn.tokenization.base import Tokenizer
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
-from aiayn.untrusted import read_json_file
+from aiayn.training.config import DecodeSection
+from aiayn.untrusted import read_json_file, read_untrusted_bytes
 
 __all__ = [
     "Pretrained", "save_pretrained", "load_pretrained", "prepare_for_inference", "model_dir", "label_names", "hf_source_config",
@@ -68,6 +70,7 @@ class Pretrained:
     tgt_tokenizer: Tokenizer | None
     path: Path
     labels: list[str] | None = None  # class names, where the directory knows them (see label_names)
+    decode: DecodeSection = dataclasses.field(default_factory=DecodeSection)  # how it translates by default (saved_decode)
 
 
 def save_pretrained(
@@ -290,7 +293,24 @@ def load_pretrained(
         # Refused here, naming both sizes: a larger tokenizer would index past the embedding table.
         check_tokenizer_fits(src_tok, config.vocab_size, f"{config_file}: vocab_size")
         check_tokenizer_fits(tgt_tok, getattr(config, "target_vocab_size", config.vocab_size), f"{config_file}: target vocab_size")
-    return Pretrained(model, config, src_tok, tgt_tok, directory, label_names(directory))
+    return Pretrained(model, config, src_tok, tgt_tok, directory, label_names(directory), saved_decode(directory))
+
+
+def saved_decode(directory: Path) -> DecodeSection:
+    """The beam search settings the model's recipe chose (the ``decode`` section of the ``train_config.yaml``
+    saved beside its weights), else the paper's. Only that section is read: the rest of a saved config
+    (an older version's keys, another machine's paths) does not keep a model from loading.
+    Raises ``ValueError``/``TypeError`` naming the file for a ``decode`` section that is not valid."""
+    file = directory / "train_config.yaml"
+    if not file.is_file():
+        return DecodeSection()
+    data = parse_yaml_value(read_untrusted_bytes(file, what="config file").decode("utf-8", "replace"), str(file))
+    if not isinstance(data, dict) or data.get("decode") is None:
+        return DecodeSection()
+    try:
+        return from_dict(DecodeSection, data["decode"], path="decode")  # the messages a recipe gets
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{file}: {e}") from e
 
 
 def prepare_for_inference(

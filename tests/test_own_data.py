@@ -160,9 +160,11 @@ def test_a_minimal_translation_yaml_without_val_files_trains_on_a_pairs_tsv(tmp_
     config.write_text("model: {preset: tiny-encoder-decoder}\n"
                       f"data: {{task: translation, dataset: files, train_files: [{run}/pairs.tsv], test_files: [{run}/test.tsv], "
                       "tokenizer: char}\n")
-    _run(["train", str(config), "--set", "run_dir=runs/t", *SHORT], capsys)
+    _run(["train", str(config), "--set", "run_dir=runs/t", "--set", "decode.length_penalty=1.5", *SHORT], capsys)
     first = _run(["evaluate", "--checkpoint", "runs/t", "--split", "val", "--beam-size", "1"], capsys)
     assert "direction" not in first and re.search(r"^sentences\s+4$", first, flags=re.M)  # 10% of 40 held out
+    scored = json.loads((run / "eval-step-000002-files-val.json").read_text())
+    assert (scored["beam_size"], scored["length_penalty"]) == (1, 1.5)  # the flag given, the recipe's decode for the other
     test = _run(["evaluate", "--checkpoint", "runs/t", "--split", "test", "--beam-size", "1"], capsys)
     assert re.search(r"^sentences\s+4$", test, flags=re.M)
     (tmp_path / "other.tsv").write_text("der hund sieht\tthe dog sees\nein kind\ta child\n", encoding="utf-8")

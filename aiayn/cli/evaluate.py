@@ -13,7 +13,7 @@ from typing import Any
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER
 from aiayn.cli.args import finite_float
-from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, precision_options, saved_train_config
+from aiayn.cli.inference import add_checkpoint_arguments, beam_settings, check_ensemble, precision_options, saved_train_config
 from aiayn.data.datasets import SST2_LABELS
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation.held_out import DEFAULT_DIRECTION, HELD_OUT_SPLITS, NATURAL_TASK, evaluate_held_out
@@ -36,8 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--direction", choices=("de-en", "en-de"), help="translation direction (default: as trained; without a training config, multi30k de-en, "
                              "wmt14-en-de en-de)")
     parser.add_argument("--data-dir", help="where the data sets are (default: as trained, then $AIAYN_DATA_DIR, then the user cache)")
-    parser.add_argument("--beam-size", type=int, default=4, help="translation beam size (default: 4, section 6.1)")
-    parser.add_argument("--length-penalty", type=finite_float, default=0.6, help="alpha of the length penalty (default: 0.6)")
+    parser.add_argument("--beam-size", type=int, default=None,
+                        help="translation beam size (default: the model's decode.beam_size, else 4 as in section 6.1)")
+    parser.add_argument("--length-penalty", type=finite_float, default=None,
+                        help="alpha of the length penalty (default: the model's decode.length_penalty, else 0.6)")
     parser.add_argument("--limit", type=int, help="evaluate only the first N examples (a quick look; not a result)")
     parser.add_argument("--out", help="write the metrics as JSON here (default: eval-CHECKPOINT-SPLIT.json or "
                                       "eval-CHECKPOINT-FILES.json in the run directory, never over another evaluation's)")
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         result |= {"dataset": data.dataset, "split": args.split}
     result["task"] = data.task
-    beam = BeamConfig(beam_size=args.beam_size, length_penalty=args.length_penalty)
+    beam = BeamConfig(**beam_settings(args, loaded.decode))
     scored = evaluate_held_out([m.model for m in members], tok, loaded.tgt_tokenizer, data, args.split, files=args.files,
                                label_names=_model_labels(data, loaded, trained), beam=beam, limit=args.limit, progress=True)
     result |= scored.metrics

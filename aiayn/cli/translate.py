@@ -6,20 +6,21 @@ import argparse
 import sys
 
 from aiayn.cli.args import finite_float
-from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_ensemble, read_texts
+from aiayn.cli.inference import add_checkpoint_arguments, beam_settings, check_at_least, load_ensemble, read_texts
 from aiayn.decoding.beam import BeamConfig
 from aiayn.decoding.translate import translate_sentences
 from aiayn.models.encoder_decoder import EncoderDecoder
 
-HELP = "translate text (arguments, or lines on stdin) with an encoder-decoder checkpoint; beam 4, alpha 0.6 by default"
+HELP = "translate text (arguments, or lines on stdin) with an encoder-decoder checkpoint; beam search as its recipe chose (else beam 4, alpha 0.6)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser, ensemble=True)
     parser.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate (default: one per line of stdin)")
-    parser.add_argument("--beam-size", type=int, default=4, help="beam size; 1 = greedy (default: 4, section 6.1)")
-    parser.add_argument("--length-penalty", type=finite_float, default=0.6,
-                        help="alpha of the GNMT length penalty ((5 + len) / 6)^alpha (default: 0.6)")
+    parser.add_argument("--beam-size", type=int, default=None,
+                        help="beam size; 1 = greedy (default: the model's decode.beam_size, else 4 as in section 6.1)")
+    parser.add_argument("--length-penalty", type=finite_float, default=None,
+                        help="alpha of the GNMT length penalty ((5 + len) / 6)^alpha (default: the model's decode.length_penalty, else 0.6)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="longest output in tokens (default: source length + 50, section 6.1)")
     parser.add_argument("--n-best", type=int, default=1,
@@ -30,12 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     for name in ("beam_size", "n_best", "batch_size", "max_new_tokens"):
         check_at_least("translate", args, name, 1)
-    if args.n_best > args.beam_size:
+    if args.beam_size is not None and args.n_best > args.beam_size:
         raise SystemExit(f"aiayn translate: --n-best must be <= --beam-size={args.beam_size}, got {args.n_best}")
     members = load_ensemble("translate", args, EncoderDecoder, "an encoder-decoder model")
-    config = BeamConfig(
-        beam_size=args.beam_size, length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, n_best=args.n_best,
-    )
+    beam = beam_settings(args, members[0].decode)
+    if args.n_best > beam["beam_size"]:
+        raise SystemExit(f"aiayn translate: --n-best must be <= the beam size, {beam['beam_size']} (the model's "
+                         f"decode.beam_size; give --beam-size), got {args.n_best}")
+    config = BeamConfig(**beam, max_new_tokens=args.max_new_tokens, n_best=args.n_best)
     texts = read_texts("translate", args.text)
     empty = [i + 1 for i, text in enumerate(texts) if not text.strip()]
     if empty and len(empty) == len(texts):

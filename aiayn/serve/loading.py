@@ -8,7 +8,7 @@ weights cast once at load (``dtype``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
@@ -18,6 +18,7 @@ from aiayn.inference.precision import DTYPES, dtype_name  # the names every infe
 from aiayn.models.config import TransformerConfig
 from aiayn.nn.positional import LearnedPositions
 from aiayn.tokenization.base import Tokenizer
+from aiayn.training.config import DecodeSection
 
 __all__ = ["DTYPES", "ServedModel", "load_served_model"]
 
@@ -34,6 +35,7 @@ class ServedModel:
     name: str
     labels: list[str] | None = None
     path: Path | None = None  # the directory it was loaded from (sentence-transformers' pooling files: /v1/embeddings)
+    decode: DecodeSection = field(default_factory=DecodeSection)  # a translation's beam search unless the request says
 
     @property
     def family(self) -> str:
@@ -48,7 +50,8 @@ class ServedModel:
 
     def as_loaded(self) -> LoadedModel:
         """The model as ``aiayn.load`` gives it, so an endpoint runs the very code Python runs."""
-        return LoadedModel(self.model, self.src_tokenizer, self.tgt_tokenizer, path=Path(self.name), labels=self.labels)
+        return LoadedModel(self.model, self.src_tokenizer, self.tgt_tokenizer, path=Path(self.name), labels=self.labels,
+                           decode=self.decode)
 
 
 def load_served_model(
@@ -66,4 +69,4 @@ def load_served_model(
     if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
         raise ValueError(f"checkpoint {checkpoint} holds no tokenizer, so the server could not encode text")
     return ServedModel(loaded.model, loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer, name or Path(checkpoint).resolve().name,
-                       loaded.labels, loaded.path)
+                       loaded.labels, loaded.path, loaded.decode)

@@ -78,12 +78,13 @@ UNSUPPORTED_COMPLETION_FIELDS: dict[str, tuple[tuple[object, ...], str]] = {
 
 
 class TranslationRequest(_Request):
-    """``POST /v1/translations``: beam search (section 6.1); ``beam_size=1`` is greedy and streams token by token."""
+    """``POST /v1/translations``: beam search (section 6.1); ``beam_size=1`` is greedy and streams token by token.
+    ``beam_size`` and ``length_penalty`` default to the model's ``decode`` settings (its recipe's, else 4 and 0.6)."""
 
     text: str | list[str]
-    beam_size: int = Field(4, ge=1, le=16)
+    beam_size: int | None = Field(None, ge=1, le=16)
     max_tokens: int | None = Field(None, gt=0)
-    length_penalty: float = Field(0.6, ge=0, le=10)
+    length_penalty: float | None = Field(None, ge=0, le=10)
     stream: bool = False
     echo: bool = False  # refused: a translation is not a continuation of its source
 

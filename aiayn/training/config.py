@@ -18,9 +18,9 @@ from aiayn.models.config import FAMILIES, TransformerConfig, config_from_dict
 from aiayn.models.presets import preset
 from aiayn.training.optim import OptimConfig, ScheduleConfig
 from aiayn.training.precision import PRECISIONS
-from aiayn.validation import check_choice, check_known_keys, is_int, rule
+from aiayn.validation import check_choice, check_int, check_known_keys, check_number, is_int, rule
 
-__all__ = ["ModelSection", "DataSection", "LoopSection", "TrainConfig", "build_model_config", "TASKS", "DATASET_NAMES"]
+__all__ = ["ModelSection", "DataSection", "LoopSection", "DecodeSection", "TrainConfig", "build_model_config", "TASKS", "DATASET_NAMES"]
 
 TASKS = ("translation", "lm", "mlm", "classification")
 DATASET_NAMES = ("multi30k", "tinyshakespeare", "sst2", "files", "wmt14-en-de")
@@ -250,6 +250,20 @@ class LoopSection:
 
 
 @dataclass(kw_only=True)
+class DecodeSection:
+    """How the trained model translates unless told otherwise (``aiayn evaluate``, ``aiayn translate``,
+    ``aiayn.load(...).translate``, the server): beam search's size and length penalty alpha, chosen on ``val``.
+    The paper's 4 and 0.6 (section 6.1, chosen on its development set) by default. It is saved with the model."""
+
+    beam_size: int = 4
+    length_penalty: float = 0.6  # GNMT's alpha: a hypothesis scores log P / ((5 + length) / 6) ** alpha
+
+    def __post_init__(self) -> None:
+        check_int("decode.beam_size", self.beam_size, minimum=1)
+        check_number("decode.length_penalty", self.length_penalty, minimum=0.0, inclusive=True)
+
+
+@dataclass(kw_only=True)
 class TrainConfig:
     """A whole training run; ``run_dir`` receives checkpoints, metrics and logs."""
 
@@ -259,6 +273,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: LoopSection = field(default_factory=LoopSection)
+    decode: DecodeSection = field(default_factory=DecodeSection)
 
     def __post_init__(self) -> None:
         if self.model.from_checkpoint and not self.train.init_from:
@@ -270,3 +285,5 @@ class TrainConfig:
             raise ValueError("optim.name='muon' with train.parallel='fsdp': Muon orthogonalises whole matrices, which FSDP shards; use adamw")
         if self.train.retention.metric == "val_bleu" and not self.train.eval_bleu:
             raise ValueError("train.retention.metric='val_bleu' needs train.eval_bleu > 0 (sentences to translate)")
+        if self.decode != DecodeSection() and self.data.task != "translation":
+            raise ValueError(f"decode: beam search settings apply to translation, got data.task={self.data.task!r}")
