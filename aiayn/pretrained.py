@@ -51,11 +51,13 @@ from aiayn.untrusted import read_json_file, read_untrusted_bytes
 __all__ = [
     "Pretrained", "save_pretrained", "load_pretrained", "prepare_for_inference", "model_dir", "label_names", "hf_source_config",
     "check_replaceable", "check_config_backed", "confine_data_paths", "DATA_PATH_KEYS", "MODEL_FILE", "CONFIG_FILE", "QUANTIZATION_FILE", "LABELS_FILE",
+    "TRAIN_CONFIG_FILE", "own_files", "saved_decode",
 ]
 
 log = logging.getLogger(__name__)
 
 LABELS_FILE = "labels.json"  # {"labels": [name of class 0, name of class 1, ...]}
+TRAIN_CONFIG_FILE = "train_config.yaml"  # the recipe it was trained with: its data (evaluate) and decode settings
 _TOKENIZER_NAMES = ("tokenizer.json", "char_tokenizer.json", "hf_tokenizer.json", "spm_tokenizer.json")
 QUANTIZATION_FILE = "quantization.json"
 
@@ -116,7 +118,7 @@ def save_pretrained(
 
 # What a model export holds (ours, or a Hugging Face layout): --overwrite replaces nothing else.
 _EXPORT_FILES = frozenset({
-    MODEL_FILE, CONFIG_FILE, "hf_source.json", "model.safetensors.index.json", "tokenizer_config.json",
+    MODEL_FILE, CONFIG_FILE, "hf_source.json", "model.safetensors.index.json", "tokenizer_config.json", TRAIN_CONFIG_FILE, LABELS_FILE,
     "special_tokens_map.json", "generation_config.json", "vocab.json", "merges.txt", "vocab.txt", "README.md",
     *(f"{prefix}{name}" for prefix in ("", "src_", "tgt_") for name in _TOKENIZER_NAMES),
 })
@@ -296,12 +298,19 @@ def load_pretrained(
     return Pretrained(model, config, src_tok, tgt_tok, directory, label_names(directory), saved_decode(directory))
 
 
+def own_files(directory: Path) -> dict[str, bytes]:
+    """What ``directory`` says of its model beyond weights, config and tokenizers (its training config, with the
+    decode settings; its class names), for a converted copy (``aiayn quantize``, a consolidated FSDP checkpoint)."""
+    return {name: read_untrusted_bytes(directory / name, what=name) for name in (TRAIN_CONFIG_FILE, LABELS_FILE)
+            if (directory / name).is_file()}
+
+
 def saved_decode(directory: Path) -> DecodeSection:
     """The beam search settings the model's recipe chose (the ``decode`` section of the ``train_config.yaml``
     saved beside its weights), else the paper's. Only that section is read: the rest of a saved config
     (an older version's keys, another machine's paths) does not keep a model from loading.
     Raises ``ValueError``/``TypeError`` naming the file for a ``decode`` section that is not valid."""
-    file = directory / "train_config.yaml"
+    file = directory / TRAIN_CONFIG_FILE
     if not file.is_file():
         return DecodeSection()
     data = parse_yaml_value(read_untrusted_bytes(file, what="config file").decode("utf-8", "replace"), str(file))

@@ -77,3 +77,12 @@ def test_a_bad_decode_section_is_refused_naming_the_file_and_key(tmp_path, tok, 
 def test_decode_settings_are_for_translation():
     with pytest.raises(ValueError, match="decode: beam search settings apply to translation, got data.task='lm'"):
         TrainConfig(data=TrainConfig().data.__class__(task="lm"), decode=DecodeSection(length_penalty=1.0))
+
+
+def test_a_quantized_copy_keeps_the_decode_settings_and_class_names(tmp_path, tok):
+    tuned = _model_dir(tmp_path / "tuned", tok, "decode: {beam_size: 2, length_penalty: 1.5}\n")
+    (tuned / "labels.json").write_text('{"labels": ["a", "b"]}')
+    assert main(["quantize", "--checkpoint", str(tuned), "--to", str(tmp_path / "q")]) == 0
+    copy = aiayn.load(tmp_path / "q")
+    assert copy.decode == DecodeSection(beam_size=2, length_penalty=1.5) and copy.labels == ["a", "b"]
+    assert main(["quantize", "--checkpoint", str(tuned), "--to", str(tmp_path / "q"), "--overwrite"]) == 0  # replaced whole

@@ -142,10 +142,11 @@ def read_sharded_weights(path: str | os.PathLike[str]) -> dict[str, Tensor]:
 
 def consolidate(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Write sharded ``checkpoint`` as the ordinary model directory ``out`` (model.safetensors, config, tokenizers)."""
-    from aiayn.pretrained import load_pretrained, save_pretrained
+    from aiayn.pretrained import load_pretrained, own_files, save_pretrained
 
     if not is_sharded(checkpoint):
         raise ValueError(f"{checkpoint} is not a sharded (DCP) checkpoint: it is loadable as it is")
     loaded = load_pretrained(checkpoint, pack=False)  # saved, never run
-    return save_pretrained(out, loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, overwrite=overwrite)
+    return save_pretrained(out, loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, overwrite=overwrite,
+                           extra_files=own_files(loaded.path))
 

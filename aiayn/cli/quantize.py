@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from aiayn.inference.quantization import QUANTIZATIONS
-from aiayn.pretrained import MODEL_FILE, load_pretrained, save_pretrained
+from aiayn.pretrained import MODEL_FILE, load_pretrained, own_files, save_pretrained
 
 HELP = "write an int8 (per-channel scales) or int4 (per-group scales) weight-only copy of a model as safetensors"
 
@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_pretrained(args.checkpoint, quantize=args.method)
     except (OSError, ValueError, RuntimeError) as e:
         raise SystemExit(f"aiayn quantize: --checkpoint {args.checkpoint}: {e}") from None
-    save_pretrained(target, loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, overwrite=args.overwrite)
+    save_pretrained(target, loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, overwrite=args.overwrite,
+                    extra_files=own_files(loaded.path))
     before, after = (loaded.path / MODEL_FILE).stat().st_size, (target / MODEL_FILE).stat().st_size
     print(f"wrote {target}: {MODEL_FILE} {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({args.method})")
     return 0
