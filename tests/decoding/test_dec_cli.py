@@ -86,7 +86,8 @@ def test_translate_batches_by_length_but_answers_in_input_order(translator, toke
     "argv, message",
     [
         (["--beam-size", "0"], "--beam-size must be >= 1, got 0"),
-        (["--n-best", "5"], "--n-best must be <= --beam-size=4, got 5"),
+        (["--n-best", "5"], r"--n-best must be <= the beam size, 4 \(the model's decode.beam_size; give --beam-size\), got 5"),
+        (["--n-best", "5", "--beam-size", "3"], "--n-best must be <= --beam-size=3, got 5"),
         (["--max-new-tokens", "-2"], "--max-new-tokens must be >= 1, got -2"),
     ],
 )
