@@ -18,6 +18,7 @@ from aiayn.serve.schemas import TranslationRequest
 from aiayn.tokenization import CharTokenizer
 from aiayn.training.config import DecodeSection, TrainConfig
 
+pytestmark = pytest.mark.reliability  # docs/reliability.md cites the bad-input test
 TEXTS = ["hallo welt", "ein hund"]
 RECIPE = "model: {preset: tiny-encoder-decoder}\ndata: {task: translation, dataset: files, tokenizer: char}\n"
 
