@@ -110,3 +110,16 @@ def test_errors_name_what_is_wrong(dirs, tmp_path):
         aiayn.load(tmp_path / "bare")
     with pytest.raises(TypeError, match=r"texts\[1\] must be a str"):
         aiayn.load(dirs["bert"]).classify(["ok", 3])
+
+
+def test_the_package_names_are_listed_alike_three_times():
+    """``aiayn/__init__.py`` names its lazy exports three times (the lookup table, ``__all__``, the type checkers'
+    imports): the three lists must agree, and every name must resolve."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(aiayn.__file__).read_text(encoding="utf-8"))
+    checked = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.If)
+               for inner in node.body if isinstance(inner, ast.ImportFrom) for alias in inner.names}
+    assert set(aiayn._EXPORTS) == set(aiayn.__all__) - {"__version__"} == checked
+    assert all(getattr(aiayn, name) is not None for name in aiayn._EXPORTS)
