@@ -313,7 +313,10 @@ def saved_decode(directory: Path) -> DecodeSection:
     file = directory / TRAIN_CONFIG_FILE
     if not file.is_file():
         return DecodeSection()
-    data = parse_yaml_value(read_untrusted_bytes(file, what="config file").decode("utf-8", "replace"), str(file))
+    try:
+        data = parse_yaml_value(read_untrusted_bytes(file, what="config file").decode("utf-8"), str(file))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{file}: the config file is not UTF-8 text ({e})") from None
     if not isinstance(data, dict) or data.get("decode") is None:
         return DecodeSection()
     try:

@@ -32,7 +32,7 @@ def _model_dir(root, tok, decode: str | None):
     torch.manual_seed(0)
     directory = save_pretrained(root, build_model("tiny-encoder-decoder", vocab_size=tok.vocab_size, dropout=0.0), tok)
     if decode is not None:
-        (directory / "train_config.yaml").write_text(RECIPE + decode)
+        (directory / "train_config.yaml").write_bytes((RECIPE + decode).encode("utf-8", "surrogateescape"))  # \udcff: byte 0xff
     return directory
 
 
@@ -69,6 +69,7 @@ def test_the_server_fills_what_a_request_leaves_out(tok):
     ("decode: {length_penalty: -1}\n", r"train_config.yaml: decode: decode.length_penalty=-1.0 must be a finite number >= 0"),
     ("decode: {beam_size: 0}\n", r"train_config.yaml: decode: decode.beam_size=0 must be an int >= 1"),
     ("decode: {beam: 5}\n", r"train_config.yaml: .*beam"),
+    ("decode: {beam_size: 4}\n# \udcff\n", r"train_config.yaml: the config file is not UTF-8 text"),
 ])
 def test_a_bad_decode_section_is_refused_naming_the_file_and_key(tmp_path, tok, decode, match):
     with pytest.raises(ValueError, match=match):
