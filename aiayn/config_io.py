@@ -32,7 +32,7 @@ from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.untrusted import MAX_CONFIG_BYTES, parse_yaml, read_untrusted_bytes
 from aiayn.validation import check_known_keys
 
-__all__ = ["to_dict", "from_dict", "convert_value", "load_yaml", "save_yaml", "apply_overrides", "parse_yaml_value"]
+__all__ = ["to_dict", "from_dict", "convert_value", "read_yaml", "load_yaml", "save_yaml", "apply_overrides", "parse_yaml_value"]
 
 T = TypeVar("T")
 
@@ -230,13 +230,19 @@ def _convert_dict(value: Any, tp: Any, args: tuple[Any, ...], path: str) -> dict
 # --------------------------------------------------------------------------- files and overrides
 
 
-def load_yaml(path: str | os.PathLike[str], cls: type[T]) -> T:
-    """Read a YAML file into dataclass ``cls``; every error names the file and the dotted key."""
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """The plain value of a YAML config file (bounded in size, depth and aliases); ``ValueError`` naming the file
+    when it is not UTF-8 or not valid YAML."""
     raw = read_untrusted_bytes(path, max_bytes=MAX_CONFIG_BYTES, what="config file")
     try:
-        data = parse_yaml_value(raw.decode("utf-8"), str(path))
+        return parse_yaml_value(raw.decode("utf-8"), str(path))
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: the config file is not UTF-8 text ({e})") from None
+
+
+def load_yaml(path: str | os.PathLike[str], cls: type[T]) -> T:
+    """Read a YAML file into dataclass ``cls``; every error names the file and the dotted key."""
+    data = read_yaml(path)
     if data is None:  # an empty file is a mistake (a wrong path, a truncated copy), never "all defaults"
         raise ValueError(f"{path}: the config file is empty; write at least the keys that differ from the defaults")
     if not isinstance(data, Mapping):

@@ -34,7 +34,7 @@ from aiayn.checkpoint.weights import (
     read_safetensors,
     state_dict_to_bytes,
 )
-from aiayn.config_io import from_dict, parse_yaml_value
+from aiayn.config_io import from_dict, read_yaml
 from aiayn.inference.fusion import fuse_projections
 from aiayn.inference.precision import cast_model, native_bf16, pack_linears, parse_dtype
 from aiayn.inference.quantization import QUANTIZATIONS, parse_quantize, quantization_record
@@ -313,10 +313,7 @@ def saved_decode(directory: Path) -> DecodeSection:
     file = directory / TRAIN_CONFIG_FILE
     if not file.is_file():
         return DecodeSection()
-    try:
-        data = parse_yaml_value(read_untrusted_bytes(file, what="config file").decode("utf-8"), str(file))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{file}: the config file is not UTF-8 text ({e})") from None
+    data = read_yaml(file)
     if not isinstance(data, dict) or data.get("decode") is None:
         return DecodeSection()
     try:
