@@ -97,9 +97,7 @@ class LoadedModel:
         ``decode`` settings (its recipe's, else the paper's beam 4 and alpha 0.6, section 6.1)."""
         model = self._need(EncoderDecoder, "translate")
         texts = _as_list(texts, "texts")
-        config = beam_config(self.tgt_tokenizer, beam_size=self.decode.beam_size if beam_size is None else beam_size,
-                             length_penalty=self.decode.length_penalty if length_penalty is None else length_penalty,
-                             max_new_tokens=max_new_tokens)
+        config = beam_config(self.tgt_tokenizer, **self.decode.beam(beam_size, length_penalty), max_new_tokens=max_new_tokens)
         results = translate_sentences([model], self.src_tokenizer, texts, config, tgt_tokenizer=self.tgt_tokenizer, batch_size=batch_size)
         return [self.tgt_tokenizer.decode(hyps[0].tokens) if hyps else "" for hyps in results]
 

@@ -62,7 +62,7 @@ def run_demo(
     say(f"trained {result.step} steps; validation loss {result.metrics.get('val_loss', float('nan')):.3f}")
     loaded = load_pretrained(run_dir)
     test = load_multi30k("test2016", direction="de-en", data_dir=data_dir)
-    beam = BeamConfig(beam_size=loaded.decode.beam_size, length_penalty=loaded.decode.length_penalty)
+    beam = BeamConfig(**loaded.decode.beam())
     say(f"translating the {len(test.src)} sentences of test2016 with beam search (beam {beam.beam_size}, alpha {beam.length_penalty})...")
     hyps = translate_corpus(loaded.model, loaded.src_tokenizer, loaded.tgt_tokenizer, test.src, beam=beam)  # type: ignore[arg-type]
     scores = evaluate_translation(hyps, test.tgt)

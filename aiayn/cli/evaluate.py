@@ -13,7 +13,7 @@ from typing import Any
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER
 from aiayn.cli.args import finite_float
-from aiayn.cli.inference import add_checkpoint_arguments, beam_settings, check_ensemble, precision_options, saved_train_config
+from aiayn.cli.inference import add_checkpoint_arguments, check_ensemble, precision_options, saved_train_config
 from aiayn.data.datasets import SST2_LABELS
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation.held_out import DEFAULT_DIRECTION, HELD_OUT_SPLITS, NATURAL_TASK, evaluate_held_out
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         result |= {"dataset": data.dataset, "split": args.split}
     result["task"] = data.task
-    beam = BeamConfig(**beam_settings(args, loaded.decode))
+    beam = BeamConfig(**loaded.decode.beam(args.beam_size, args.length_penalty))
     scored = evaluate_held_out([m.model for m in members], tok, loaded.tgt_tokenizer, data, args.split, files=args.files,
                                label_names=_model_labels(data, loaded, trained), beam=beam, limit=args.limit, progress=True)
     result |= scored.metrics

@@ -16,7 +16,6 @@ from aiayn.inference.precision import DTYPE_CHOICES
 from aiayn.inference.quantization import QUANTIZATIONS
 from aiayn.pretrained import Pretrained
 from aiayn.tokenization.base import Tokenizer, same_vocabulary
-from aiayn.training.config import DecodeSection
 
 if TYPE_CHECKING:
     from aiayn.training.config import TrainConfig
@@ -145,12 +144,6 @@ def check_range(command: str, args: argparse.Namespace, name: str, low: float, h
     value = getattr(args, name)
     if value is not None and not low < value <= high:
         raise SystemExit(f"aiayn {command}: --{name.replace('_', '-')} must be {rule}, got {value}")
-
-
-def beam_settings(args: argparse.Namespace, decode: DecodeSection) -> dict[str, Any]:
-    """``beam_size`` and ``length_penalty`` as the flags give them, else as the model's ``decode`` section does."""
-    return {"beam_size": decode.beam_size if args.beam_size is None else args.beam_size,
-            "length_penalty": decode.length_penalty if args.length_penalty is None else args.length_penalty}
 
 
 def batches(items: list[str], size: int) -> list[list[str]]:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from aiayn.cli.args import finite_float
-from aiayn.cli.inference import add_checkpoint_arguments, beam_settings, check_at_least, load_ensemble, read_texts
+from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_ensemble, read_texts
 from aiayn.decoding.beam import BeamConfig
 from aiayn.decoding.translate import translate_sentences
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if args.beam_size is not None and args.n_best > args.beam_size:
         raise SystemExit(f"aiayn translate: --n-best must be <= --beam-size={args.beam_size}, got {args.n_best}")
     members = load_ensemble("translate", args, EncoderDecoder, "an encoder-decoder model")
-    beam = beam_settings(args, members[0].decode)
+    beam = members[0].decode.beam(args.beam_size, args.length_penalty)
     if args.n_best > beam["beam_size"]:
         raise SystemExit(f"aiayn translate: --n-best must be <= the beam size, {beam['beam_size']} (the model's "
                          f"decode.beam_size; give --beam-size), got {args.n_best}")

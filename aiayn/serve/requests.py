@@ -157,9 +157,7 @@ def translation(body: TranslationRequest, served: ServedModel) -> Translation:
         sources.append(ids)
     if body.max_tokens is not None and body.max_tokens > context:
         raise bad_field("max_tokens", body.max_tokens, f"is beyond the model's context: must be <= {context}")
-    beam_size = served.decode.beam_size if body.beam_size is None else body.beam_size
-    length_penalty = served.decode.length_penalty if body.length_penalty is None else body.length_penalty
-    return Translation(sources, beam_size, body.max_tokens, length_penalty)
+    return Translation(sources, max_tokens=body.max_tokens, **served.decode.beam(body.beam_size, body.length_penalty))
 
 
 def classification(body: ClassificationRequest, served: ServedModel) -> Classify:

@@ -262,6 +262,12 @@ class DecodeSection:
         check_int("decode.beam_size", self.beam_size, minimum=1)
         check_number("decode.length_penalty", self.length_penalty, minimum=0.0, inclusive=True)
 
+    def beam(self, beam_size: int | None = None, length_penalty: float | None = None) -> dict[str, Any]:
+        """``beam_size`` and ``length_penalty`` for a beam search: those given (a flag, an argument, a request's
+        field), else this section's."""
+        return {"beam_size": self.beam_size if beam_size is None else beam_size,
+                "length_penalty": self.length_penalty if length_penalty is None else length_penalty}
+
 
 @dataclass(kw_only=True)
 class TrainConfig:
