@@ -9,8 +9,12 @@ several (F.linear against oneDNN), keeps the fastest, and caches the answer per 
 stepping and kernel flags: two AMD EPYCs of different generations share a name), torch version and thread count
 in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
 
-``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack),
-``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several).
+fp32 training asks the same question of a whole step's three products (:func:`choose_training_kernels`): MKL,
+torch's fp32 default, ran at half oneDNN's speed on a Zen 5 EPYC (:mod:`aiayn.nn.onednn_linear`).
+
+``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack; in
+training, oneDNN), ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several;
+in training, ``F.linear``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ from aiayn.cpu import cpu_key
 from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
-__all__ = ["CHOICES", "ENV_VAR", "KERNELS", "MANY_ROWS", "ONE_ROW", "cache_path", "choose_kernels", "kernel_mode", "machine_key"]
+__all__ = [
+    "CHOICES", "ENV_VAR", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "cache_path", "choose_kernels", "choose_training_kernels",
+    "kernel_mode", "machine_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,20 +82,53 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
     mode = kernel_mode()
     if mode != "measure":
         return [OVERRIDES[mode]] * len(weights)
-    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows" for w in weights]
-    path, key = cache_path(), machine_key()
-    table = _read(path)
-    known = {shape: str(choice) for shape, choice in table.get(key, {}).items() if choice in KERNELS}
-    timed: list[str] = []
-    for shape, weight in zip(shapes, weights):
-        if shape in known:
-            continue
+
+    def timed(weight: Tensor) -> tuple[str, str]:
         one, many = _time_kernels(weight, 1, ONE_ROW), _time_kernels(weight, rows, MANY_ROWS)
-        known[shape] = f"{_fastest(one)}/{_fastest(many)}"
-        timed.append(f"{shape}: " + ", ".join(f"{name} {one[name]:.3f}" for name in ONE_ROW) + " ms (1 row); "
-                     + ", ".join(f"{name} {many[name]:.3f}" for name in MANY_ROWS) + f" ms ({rows} rows) -> {known[shape]}")
-    if timed:
-        log.info("Linear kernels timed on this machine (%s), cached in %s ($%s overrides): %s", key, path, ENV_VAR, "; ".join(timed))
+        choice = f"{_fastest(one)}/{_fastest(many)}"
+        return choice, (", ".join(f"{name} {one[name]:.3f}" for name in ONE_ROW) + " ms (1 row); "
+                        + ", ".join(f"{name} {many[name]:.3f}" for name in MANY_ROWS) + f" ms ({rows} rows) -> {choice}")
+
+    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows" for w in weights]
+    return _cached(shapes, weights, KERNELS, timed, "Linear kernels")
+
+
+TRAINING = ("plain", "onednn")  # fp32 training: MKL through F.linear and its autograd, or oneDNN (aiayn.nn.onednn_linear)
+TRAINING_OVERRIDES = {"packed": "onednn", "plain": "plain", "split": "plain"}
+
+
+def choose_training_kernels(weights: list[Tensor], rows: int) -> list[str]:
+    """Which library multiplies each fp32 ``weight (out, in)`` in training here, one of :data:`TRAINING`: its
+    forward and both backward products over ``rows`` rows timed once per shape by each (the fastest of three
+    interleaved rounds), cached beside :func:`choose_kernels`' answers. ``$AIAYN_LINEAR_KERNEL=packed`` takes oneDNN
+    everywhere, ``plain`` (or ``split``) MKL."""
+    mode = kernel_mode()
+    if mode != "measure":
+        return [TRAINING_OVERRIDES[mode]] * len(weights)
+    rows = max(1, min(rows, TRAINING_ROWS))
+
+    def timed(weight: Tensor) -> tuple[str, str]:
+        times = _time_training(weight, rows)
+        choice = min(TRAINING, key=lambda name: times[name])
+        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in TRAINING) + f" ms (forward and backward) -> {choice}"
+
+    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} train {rows} rows" for w in weights]
+    return _cached(shapes, weights, TRAINING, timed, "fp32 training matmuls")
+
+
+def _cached(shapes: list[str], weights: list[Tensor], valid: tuple[str, ...], timed: Callable[[Tensor], tuple[str, str]],
+            what: str) -> list[str]:
+    """The choice for each of ``shapes`` (one of ``valid``): from the cache, else ``timed(weight)`` -> (choice, the
+    timings in words), each distinct shape once; new choices logged in one INFO line and written back."""
+    path, key = cache_path(), machine_key()
+    known = {shape: str(choice) for shape, choice in _read(path).get(key, {}).items() if choice in valid}
+    lines: list[str] = []
+    for shape, weight in zip(shapes, weights):
+        if shape not in known:
+            known[shape], words = timed(weight)
+            lines.append(f"{shape}: {words}")
+    if lines:
+        log.info("%s timed on this machine (%s), cached in %s ($%s overrides): %s", what, key, path, ENV_VAR, "; ".join(lines))
         table = _read(path)  # another process may have written meanwhile
         table[key] = {**table.get(key, {}), **known}
         try:
@@ -148,6 +188,29 @@ def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int
                     fn()
                     times[name].append((time.perf_counter() - start) * 1e3)
     return {name: min(times[name]) for name in names}
+
+
+TRAINING_ROWS = 512  # rows a training shape is timed at: a batch's tokens, capped (the winner is settled by then)
+
+
+def _time_training(weight: Tensor, rows: int, rounds: int = 3) -> dict[str, float]:
+    """Milliseconds of one forward and backward of ``rows`` rows through ``weight`` by each of :data:`TRAINING`:
+    the fastest of ``rounds`` interleaved rounds, after a warm-up call of each."""
+    from aiayn.nn.onednn_linear import OneDNNLinearFunction
+
+    w = weight.detach().clone().requires_grad_(True)
+    x = torch.randn(rows, w.shape[1], dtype=w.dtype, requires_grad=True)
+    grad = torch.randn(rows, w.shape[0], dtype=w.dtype)
+    runs: dict[str, Callable[[], Tensor]] = {"plain": lambda: F.linear(x, w), "onednn": lambda: OneDNNLinearFunction.apply(x, w, None)}
+    times: dict[str, list[float]] = {name: [] for name in TRAINING}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name in TRAINING[r % 2:] + TRAINING[: r % 2]:
+            start = time.perf_counter()
+            runs[name]().backward(grad)
+            if r:
+                times[name].append((time.perf_counter() - start) * 1e3)
+            x.grad = w.grad = None
+    return {name: min(times[name]) for name in TRAINING}
 
 
 def _kernel(name: str, weight: Tensor, x: Tensor) -> Callable[[], Tensor]:

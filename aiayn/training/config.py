@@ -159,6 +159,12 @@ class DataSection:
     pad_to_multiple: int = 1  # translation / mlm / classification: round batch lengths up to this (8, 16: few shapes recur)
     prepared: str | None = None  # translation: a directory written by `aiayn prepare`: train on its token-id shards
 
+    def batch_tokens(self) -> int:
+        """About how many tokens a batch holds: the rows each Linear layer multiplies at once."""
+        if self.task == "translation":
+            return self.max_tokens
+        return self.batch_size * (self.block_size if self.task == "lm" else self.max_len)
+
     def __post_init__(self) -> None:
         check_pad_multiple(self.pad_to_multiple, "data.pad_to_multiple")
         check_choice("data.task", self.task, TASKS)

@@ -42,6 +42,7 @@ from aiayn.data.batching import padded_length
 from aiayn.evaluation.during_training import bleu_eval_hook
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
+from aiayn.nn.onednn_linear import use_training_kernels
 from aiayn.pretrained import LABELS_FILE
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
@@ -203,6 +204,8 @@ def _train(
         log.info("memory allocator: %s", describe_allocator())  # the peak_rss_mb of the metrics depends on it
     if config.data.dataset == "files" and dist_info.is_main:
         log.info(size_hint(data, n_params, pretrained=loop.init_from is not None))
+    if precision == "float32" and device.type == "cpu" and not fsdp:  # oneDNN or MKL, per shape, by timing them here
+        use_training_kernels(model, config.data.batch_tokens())
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
     if fsdp:

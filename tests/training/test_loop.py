@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,14 +46,17 @@ def test_language_model_learns(tmp_path):
 
 
 @pytest.mark.reliability
-def test_exact_resume_in_a_fresh_process(tmp_path):
+def test_exact_resume_in_a_fresh_process(tmp_path, caplog):
     """N steps straight == N/2 steps, then a fresh process resuming to N: same losses, same weights, bit for bit.
 
     Dropout on, shuffling on, and the stop falls mid-epoch (an epoch of this corpus is ~12 batches). The straight
     run and the first half run here (one thread, as in the fresh process); only the resume starts a process.
+    fp32, so the Linear layers run on oneDNN (conftest's ``AIAYN_LINEAR_KERNEL=packed``), as on a CPU where it won.
     """
     config = translation_config(tmp_path / "a", steps=8)
-    train(config)
+    with caplog.at_level(logging.INFO, logger="aiayn.nn.onednn_linear"):
+        train(config)
+    assert re.search(r"oneDNN for [1-9]\d* of \d+ Linear layers", caplog.text), caplog.text
     config_b = dataclasses.replace(translation_config(tmp_path / "b", steps=8), run_dir=str(tmp_path / "b" / "run"))
     path_b = save_config(config_b, tmp_path / "b.yaml")
     train(replace_loop(config_b, stop_after=4))
