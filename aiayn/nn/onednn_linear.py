@@ -1,15 +1,15 @@
 """The Linear layers' matmuls in fp32 training, forward and backward, through oneDNN where it is the faster here.
 
 torch sends an fp32 ``F.linear`` and its two backward products to MKL's sgemm. On some CPUs that is the slow
-choice: on a 2-core AMD EPYC with AVX-512 (Zen 5) MKL ran at 187 GFLOP/s where oneDNN, torch's other matmul
-library, ran at 422 (2048 x 2048; the same 2x at every GPT-2 and nanoGPT shape, docs/benchmarks.md). On an
-Intel Xeon the two are near each other. So :func:`use_training_kernels` times both per shape, on this machine
+choice: on a 2-core AMD EPYC with AVX-512 (Zen 5) MKL ran at 0.198 TFLOP/s (half its AVX-512 rate: AVX2 code) where oneDNN, torch's
+other matmul library, ran at 0.437 (2048 x 2048, ``benchmarks/train_throughput.py``'s peak line, docs/benchmarks.md).
+Where MKL runs AVX-512 code the two may be even. So :func:`use_training_kernels` times both per shape, on this machine
 (:func:`~aiayn.inference.kernel_choice.choose_training_kernels`, cached with inference's choices), and gives the
 layers where oneDNN won a forward that calls :class:`OneDNNLinearFunction`: the same three products
 
     y = x W^T + b,     dL/dx = dL/dy W,     dL/dW = (dL/dy)^T x,     dL/db = sum of dL/dy over the rows,
 
-each one oneDNN matmul over the tensors as they lie (transposes are strides, not copies). Only the kernel
+each one oneDNN matmul, transposes passed as strides (oneDNN copies a strided right-hand side itself). Only the kernel
 changes: the parameters, their names and checkpoints stay ``nn.Linear``'s.
 """
 
