@@ -19,7 +19,9 @@ as the output projection's matmul), ``L`` layers, ``d`` d_model, ``T`` sequence 
 is model FLOP/s over a peak measured here: the best of several large square matmuls in fp32 and bf16, by each of
 torch's two matmul libraries (``torch.mm``, which is MKL in fp32, and oneDNN), the faster library's: on a Zen 5
 EPYC MKL's fp32 ran at half of oneDNN's. Ours trains its fp32 Linear layers with whichever library was timed
-faster per shape (``aiayn.nn.onednn_linear``, as ``aiayn train`` does); the peer keeps torch's default.
+faster per shape (``aiayn.nn.onednn_linear``, as ``aiayn train`` does); the peer keeps torch's default. Both run
+under the ``aiayn`` command's allocator (:mod:`aiayn.allocator`: mimalloc where installed, holding freed memory for
+ten steps' time as training does; ``AIAYN_ALLOCATOR=system`` for glibc's malloc).
 With both ``bf16`` and ``bf16-master`` timed for a shape, the script prints which was faster and whether
 ``train.precision=auto``'s rule (``MASTER_MIN_PARAMS``, aiayn/training/precision.py) picks it there.
 ``--loss own`` gives ours the library's chunked cross-entropy instead of the shared fp32 one.
@@ -47,9 +49,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn import build_model
+from aiayn.allocator import describe, hold_freed_memory, reexec_with_allocator
 from aiayn.cpu import cpu_summary
 from aiayn.inference.precision import native_bf16
 from aiayn.nn.onednn_linear import use_training_kernels
+from aiayn.training.config import LoopSection
 from aiayn.training.losses import IGNORE_INDEX, label_smoothed_cross_entropy
 from aiayn.training.master_weights import MasterWeights
 from aiayn.training.precision import MASTER_MIN_PARAMS
@@ -220,6 +224,7 @@ def compare(
     pair = (Trainer(ours, ours_logits, dtype_name, "fused" if own else adamw, own_loss if loss == "own" else shared_loss),
             Trainer(peer, peer_logits, PEER_DTYPE[dtype_name], "default" if own else adamw))
     warm = [min(_timed(t, ids, targets, 1) for _ in range(2)) for t in pair]  # allocator, kernel (and compile) warm-up
+    hold_freed_memory(LoopSection().hold_freed_steps * max(warm))  # as `aiayn train` does by default
     if steps is None:  # from each side's faster warm-up step: the first one of a compiled model includes compiling
         steps = max(1, round(target_s / statistics.mean(warm)))
     tokens = shape.batch * shape.seq_len * steps
@@ -358,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
 
 
 def _run(args: argparse.Namespace) -> list[Row]:
-    print(f"CPU: {cpu_summary()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"CPU: {cpu_summary()}; torch {torch.__version__}, {torch.get_num_threads()} threads; allocator: {describe()}")
     if not native_bf16(torch.device("cpu")):
         print("NOTE: this CPU has no AMX or AVX512-BF16: its bf16 matmuls are a slow generic loop, so bf16 rows measure that")
     # fp32's peak always (a percentage column); bf16's only when a bf16 row asks for it: without native bf16 the
@@ -402,4 +407,5 @@ def _run(args: argparse.Namespace) -> list[Row]:
 
 
 if __name__ == "__main__":
+    reexec_with_allocator()  # the aiayn command's allocator (mimalloc where installed; $AIAYN_ALLOCATOR=system: glibc's)
     main()

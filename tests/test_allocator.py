@@ -1,7 +1,8 @@
 """aiayn/allocator.py: the aiayn command re-executes itself once with mimalloc preloaded where it is
 installed, keeps what the user preloads, and names $AIAYN_ALLOCATOR when its value is wrong; under glibc's
 malloc, train.malloc_mmap_threshold returns a freed large block to the OS (with glibc's default, the second
-one stays in the heap), and a bad value is refused naming the key."""
+one stays in the heap), and a bad value is refused naming the key; training's hold on freed memory is set in
+mimalloc, and a delay the user set is kept."""
 
 import os
 import subprocess
@@ -52,6 +53,14 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 REEXEC = "from aiayn.allocator import reexec_with_allocator, describe; reexec_with_allocator(); print(describe())"
+HOLD = """
+import ctypes
+from aiayn.allocator import _mimalloc_loaded, hold_freed_memory, reexec_with_allocator
+reexec_with_allocator()
+delay = hold_freed_memory(12.5)
+loaded = _mimalloc_loaded()
+print(delay, ctypes.CDLL(loaded).mi_option_get(15) if loaded else "-")  # 15: mi_option_purge_delay
+"""
 MMAP = "from aiayn.allocator import reexec_with_allocator, set_mmap_threshold; reexec_with_allocator(); print(set_mmap_threshold(65536))"
 
 
@@ -60,6 +69,9 @@ def test_the_process_runs_again_with_mimalloc_loaded_and_system_keeps_glibc():
     assert _run(REEXEC).stdout.startswith("mimalloc (")  # read from /proc/self/maps: really loaded
     assert _run(REEXEC, AIAYN_ALLOCATOR="system").stdout.startswith("the system's malloc")
     assert _run(MMAP).stdout.strip() == "False"  # glibc's mallopt means nothing under mimalloc: said, not done
+    assert _run(HOLD).stdout.split() == ["12500", "12500"]  # the delay set, and mimalloc's own reading of it
+    assert _run(HOLD, MIMALLOC_PURGE_DELAY="50").stdout.split() == ["None", "50"]  # the user's delay is kept
+    assert _run(HOLD, AIAYN_ALLOCATOR="system").stdout.split() == ["None", "-"]  # glibc: nothing to set
     done = subprocess.run([sys.executable, "-m", "aiayn", "--version"], capture_output=True, text=True,
                           env={**os.environ, "AIAYN_ALLOCATOR": "jemalloc"})
     assert done.returncode == 2 and "$AIAYN_ALLOCATOR must be one of" in done.stderr

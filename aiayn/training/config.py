@@ -212,6 +212,7 @@ class LoopSection:
     parallel: str = "ddp"  # under torchrun: ddp (replicate) | fsdp (shard each block, fully_shard; DCP checkpoints)
     cpu_offload: bool = False  # fsdp: keep the sharded parameters and optimizer state in CPU memory
     activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
+    hold_freed_steps: int = 10  # mimalloc keeps freed memory this many steps' time (0: its own second; docs/training.md)
     malloc_mmap_threshold: int | None = None  # glibc: a fixed mmap threshold in bytes (65536: less peak RSS, half the speed on an AMX Xeon; docs/benchmarks.md); None = glibc's own
 
     def __post_init__(self) -> None:
@@ -237,6 +238,8 @@ class LoopSection:
         check_choice("train.precision", self.precision, PRECISIONS)
         check_choice("train.nonfinite", self.nonfinite, ("raise", "skip"))
         check_choice("train.parallel", self.parallel, ("ddp", "fsdp"))
+        rule(is_int(self.hold_freed_steps) and 0 <= self.hold_freed_steps <= 1000,
+             "train.hold_freed_steps", self.hold_freed_steps, "must be an int in [0, 1000] (0: the allocator's own delay)")
         if self.malloc_mmap_threshold is not None:
             rule(is_int(self.malloc_mmap_threshold) and 0 < self.malloc_mmap_threshold <= 32 * 2**20,
                  "train.malloc_mmap_threshold", self.malloc_mmap_threshold, "must be an int in [1, 33554432] (glibc's maximum) or null")

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from aiayn.allocator import describe as describe_allocator
-from aiayn.allocator import set_mmap_threshold
+from aiayn.allocator import hold_freed_memory, set_mmap_threshold
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
@@ -297,6 +297,7 @@ def _loop(
     metrics: dict[str, float] = {}
     last_saved, metrics_step, tokens, started = None, -1, 0, time.perf_counter()  # metrics_step: when metrics were made
     micro_batches, saved_at = loop.micro_batches(dist_info.world_size), started
+    timed: list[float] = []  # when each of this process's first steps ended
     train_step.model.train()
     while step < end:
         result = train_step([next(batches).to(device, non_blocking=True) for _ in range(micro_batches)], step + 1)
@@ -305,6 +306,9 @@ def _loop(
         step += 1
         tokens += result.targets
         bar.update(1)
+        timed.append(time.perf_counter())
+        if len(timed) == 3 and device.type == "cpu" and loop.hold_freed_steps:  # two steps after the warm-up one
+            _hold_freed_memory(loop.hold_freed_steps, (timed[2] - timed[0]) / 2)
         if loop.max_minutes is not None and _out_of_time(started, loop.max_minutes, dist_info, device):
             log.info("train.max_minutes=%s spent: stopping at step %d", loop.max_minutes, step)
             end = step  # the checks below then log, validate and save this step as the last
@@ -330,6 +334,14 @@ def _loop(
             raise TrainingInterrupted(signum, step, last_saved)
     bar.close()
     return last_saved, step, metrics
+
+
+def _hold_freed_memory(steps: int, step_seconds: float) -> None:
+    """Have the allocator keep freed memory ``steps`` steps' time before returning it (see :mod:`aiayn.allocator`)."""
+    delay = hold_freed_memory(steps * step_seconds)
+    if delay is not None:
+        log.info("mimalloc keeps freed memory %.1f s (%d steps of %.2f s) before returning it (train.hold_freed_steps)",
+                 delay / 1000, steps, step_seconds)
 
 
 def _log(metrics_log: MetricsLog, bar: Progress, step: int, result: StepResult, lr: float, tokens_per_s: float) -> None:

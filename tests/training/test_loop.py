@@ -254,3 +254,24 @@ def test_masked_lm_loss_only_scores_predicted_positions():
     full = masked_lm_loss(model.masked_lm_logits(model(ids)), labels)
     torch.testing.assert_close(loss.sum, full.sum)
     assert int(loss.count) == int(full.count) == 4
+
+
+@pytest.mark.parametrize("steps", [7, 0])
+def test_the_allocator_holds_freed_memory_for_the_configured_steps(tmp_path, monkeypatch, steps):
+    """After its third step a run asks the allocator to keep freed memory train.hold_freed_steps steps' time
+    (measured from steps 2 and 3); 0 leaves the allocator's own delay."""
+    import aiayn.training.loop as loop_module
+
+    asked: list[float] = []
+    monkeypatch.setattr(loop_module, "hold_freed_memory", lambda seconds: asked.append(seconds) or None)
+    train(replace_loop(lm_config(tmp_path, steps=5), hold_freed_steps=steps))
+    assert len(asked) == (1 if steps else 0)
+    assert all(0 < seconds < steps * 60 for seconds in asked)
+
+
+@pytest.mark.parametrize("bad", [-1, 1001, 2.5, "ten"])
+def test_a_bad_hold_is_refused_naming_the_key(bad):
+    from aiayn.training.config import LoopSection
+
+    with pytest.raises(ValueError, match=rf"train\.hold_freed_steps={bad!r} must be an int in \[0, 1000\]"):
+        LoopSection(hold_freed_steps=bad)
