@@ -17,7 +17,7 @@ mimalloc returns memory freed for a second (its purge delay) to the system, and 
 per 4 KiB when it is taken again: on the Zen 5 VM here a first touch of fresh memory was ten times slower than a
 second. A training step longer than that second gave back what the next step would take again, so training
 holds freed memory for ten of its steps by default (``train.hold_freed_steps``; :func:`hold_freed_memory`):
-``multi30k-de-en`` trained 1.2-1.3x more tokens a second for 2-5% more peak memory (docs/benchmarks.md).
+``multi30k-de-en`` trained 1.1-1.3x more tokens a second for 2-5% more peak memory (docs/benchmarks.md).
 
 Under glibc's malloc, ``train.malloc_mmap_threshold`` fixes its mmap threshold for a run (:func:`set_mmap_threshold`):
 less memory too (2,616 -> 1,531 MB over 60 Multi30k steps), but every large tensor is then a fresh ``mmap`` whose pages

@@ -297,7 +297,7 @@ def _loop(
     metrics: dict[str, float] = {}
     last_saved, metrics_step, tokens, started = None, -1, 0, time.perf_counter()  # metrics_step: when metrics were made
     micro_batches, saved_at = loop.micro_batches(dist_info.world_size), started
-    timed: list[float] = []  # when each of this process's first steps ended
+    timed: list[float] = []  # when each of this process's first three steps ended
     train_step.model.train()
     while step < end:
         result = train_step([next(batches).to(device, non_blocking=True) for _ in range(micro_batches)], step + 1)
@@ -306,9 +306,10 @@ def _loop(
         step += 1
         tokens += result.targets
         bar.update(1)
-        timed.append(time.perf_counter())
-        if len(timed) == 3 and device.type == "cpu" and loop.hold_freed_steps:  # two steps after the warm-up one
-            _hold_freed_memory(loop.hold_freed_steps, (timed[2] - timed[0]) / 2)
+        if len(timed) < 3:
+            timed.append(time.perf_counter())
+            if len(timed) == 3 and device.type == "cpu" and loop.hold_freed_steps:  # two steps after the warm-up one
+                _hold_freed_memory(loop.hold_freed_steps, (timed[2] - timed[0]) / 2)
         if loop.max_minutes is not None and _out_of_time(started, loop.max_minutes, dist_info, device):
             log.info("train.max_minutes=%s spent: stopping at step %d", loop.max_minutes, step)
             end = step  # the checks below then log, validate and save this step as the last
