@@ -36,6 +36,7 @@ from aiayn.checkpoint.weights import (
 )
 from aiayn.config_io import from_dict, read_yaml
 from aiayn.inference.fusion import fuse_projections
+from aiayn.inference.kernel_choice import choose_model_attention
 from aiayn.inference.precision import cast_model, native_bf16, pack_linears, parse_dtype
 from aiayn.inference.quantization import QUANTIZATIONS, parse_quantize, quantization_record
 from aiayn.inference.quantization import quantize as quantize_model
@@ -346,6 +347,7 @@ def prepare_for_inference(
         cast_model(model, torch_dtype)  # once: no step re-casts a weight
     if pack:
         pack_linears(model)  # on the CPU: weights also in oneDNN's layout, once
+    choose_model_attention(model)  # on the CPU: the faster backend of one-query attention here, timed once
     return model
 
 

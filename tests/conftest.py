@@ -13,6 +13,7 @@ torch.set_num_threads(1)
 # on which kernel won a timing, and no test writes the user's kernel cache (tests/inference/test_kernel_choice.py
 # covers the measured choice with its own cache).
 os.environ.setdefault("AIAYN_LINEAR_KERNEL", "packed")
+os.environ.setdefault("AIAYN_ATTENTION_KERNEL", "sdpa")  # likewise one-query attention: torch's fused kernel, as before it was timed
 
 
 def pytest_collection_modifyitems(config, items):

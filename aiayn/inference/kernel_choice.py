@@ -12,6 +12,11 @@ in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a secon
 fp32 training asks the same question of a whole step's three products (:func:`choose_training_kernels`): MKL,
 torch's fp32 default, ran at half oneDNN's speed on a Zen 5 EPYC (:mod:`aiayn.nn.onednn_linear`).
 
+Attention asks it of one query (a decoding step, :func:`choose_attention`): torch's fused kernel or the formula
+(:mod:`aiayn.nn.attention`). In bf16 on a Zen 5 EPYC the fused kernel took 1.7x the formula's time at 144 keys and
+4x at 512; in fp32 it was the faster. ``AIAYN_ATTENTION_KERNEL`` overrides: ``measure`` (the default), ``sdpa``
+or ``math``.
+
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack; in
 training, oneDNN), ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several;
 in training, ``F.linear``).
@@ -24,11 +29,11 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.cpu import cpu_key
@@ -36,8 +41,9 @@ from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "CHOICES", "ENV_VAR", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "cache_path", "choose_kernels", "choose_training_kernels",
-    "kernel_mode", "machine_key",
+    "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "ENV_VAR", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "attention_mode",
+    "cache_path", "choose_attention", "choose_kernels", "choose_model_attention", "choose_training_kernels", "kernel_mode",
+    "machine_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -116,19 +122,93 @@ def choose_training_kernels(weights: list[Tensor], rows: int) -> list[str]:
     return _cached(shapes, weights, TRAINING, timed, "fp32 training matmuls")
 
 
-def _cached(shapes: list[str], weights: list[Tensor], valid: tuple[str, ...], timed: Callable[[Tensor], tuple[str, str]],
-            what: str) -> list[str]:
-    """The choice for each of ``shapes`` (one of ``valid``): from the cache, else ``timed(weight)`` -> (choice, the
-    timings in words), each distinct shape once; new choices logged in one INFO line and written back."""
+ATTENTION_ENV_VAR = "AIAYN_ATTENTION_KERNEL"
+ATTENTION = ("sdpa", "math")  # one query at inference: torch's fused kernel, or the formula
+ATTENTION_KEYS = (64, 256, 1024)  # the key lengths a one-query call is timed at, summed: long contexts weigh most
+
+
+def attention_mode() -> str:
+    """``$AIAYN_ATTENTION_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value."""
+    mode = os.environ.get(ATTENTION_ENV_VAR, "measure").strip().lower() or "measure"
+    if mode not in ("measure", *ATTENTION):
+        raise ValueError(f"${ATTENTION_ENV_VAR} must be one of measure, {', '.join(ATTENTION)}, got {os.environ[ATTENTION_ENV_VAR]!r}")
+    return mode
+
+
+def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
+    """Which backend of :data:`ATTENTION` attends one query at inference for each ``(dtype, heads, head dim)``: read
+    from the cache, or timed once (one query over each of :data:`ATTENTION_KEYS` keys, the fastest of five
+    interleaved rounds, summed over the lengths) and cached beside the Linear choices."""
+    mode = attention_mode()
+    if mode != "measure":
+        return [mode] * len(shapes)
+
+    def timed(shape: tuple[torch.dtype, int, int]) -> tuple[str, str]:
+        times = _time_attention(*shape)
+        choice = min(ATTENTION, key=lambda name: times[name])
+        keys = "+".join(str(n) for n in ATTENTION_KEYS)
+        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in ATTENTION) + f" ms (one query over {keys} keys) -> {choice}"
+
+    names = [f"attention {heads}x{dim} {str(dtype).removeprefix('torch.')} 1 query" for dtype, heads, dim in shapes]
+    return _cached(names, shapes, ATTENTION, timed, "one-query attention", ATTENTION_ENV_VAR)
+
+
+def choose_model_attention(model: nn.Module) -> dict[tuple[torch.dtype, int, int], str]:
+    """Time (or read) the one-query backend for each attention shape of ``model`` at its dtype, and register it in
+    :data:`aiayn.nn.attention.ONE_QUERY`, where the ``auto`` backend reads it; returns what was registered. A model
+    on another device than the CPU registers nothing."""
+    from aiayn.nn import attention
+    from aiayn.nn.multihead import MultiHeadAttention
+
+    floats = [p for p in model.parameters() if p.is_floating_point()]
+    if not floats or floats[0].device.type != "cpu":
+        return {}
+    dtype = floats[0].dtype  # the activations' (int8 and int4 layers keep float embeddings and norms)
+    shapes = sorted({(dtype, m.n_heads, m.head_dim) for m in model.modules() if isinstance(m, MultiHeadAttention)}, key=str)
+    chosen = dict(zip(shapes, choose_attention(shapes)))
+    attention.ONE_QUERY.update(chosen)
+    return chosen
+
+
+def _time_attention(dtype: torch.dtype, heads: int, head_dim: int, rounds: int = 5) -> dict[str, float]:
+    """Milliseconds of one query through each backend of :data:`ATTENTION`, summed over :data:`ATTENTION_KEYS` keys:
+    the fastest call of ``rounds`` interleaved rounds at each length, after a warm-up call."""
+    from aiayn.nn.attention import scaled_dot_product_attention
+
+    total = dict.fromkeys(ATTENTION, 0.0)
+    with torch.no_grad():
+        for length in ATTENTION_KEYS:
+            q = torch.randn(1, heads, 1, head_dim).to(dtype)
+            k, v = (torch.randn(1, heads, length, head_dim).to(dtype) for _ in range(2))
+            best = dict.fromkeys(ATTENTION, float("inf"))
+            for r in range(rounds + 1):  # round 0 warms up
+                for name in ATTENTION[r % 2:] + ATTENTION[: r % 2]:
+                    start = time.perf_counter()
+                    scaled_dot_product_attention(q, k, v, backend=name)
+                    if r:
+                        best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
+            for name in ATTENTION:
+                total[name] += best[name]
+    return total
+
+
+Item = TypeVar("Item")
+
+
+def _cached(shapes: list[str], items: Sequence[Item], valid: tuple[str, ...], timed: Callable[[Item], tuple[str, str]],
+            what: str, env: str = ENV_VAR) -> list[str]:
+    """The choice for each of ``shapes`` (one of ``valid``): from the cache, else ``timed(item)`` -> (choice, the
+    timings in words), each distinct shape once; new choices logged in one INFO line (naming ``env``, the override)
+    and written back."""
     path, key = cache_path(), machine_key()
     known = {shape: str(choice) for shape, choice in _read(path).get(key, {}).items() if choice in valid}
     lines: list[str] = []
-    for shape, weight in zip(shapes, weights):
+    for shape, item in zip(shapes, items):
         if shape not in known:
-            known[shape], words = timed(weight)
+            known[shape], words = timed(item)
             lines.append(f"{shape}: {words}")
     if lines:
-        log.info("%s timed on this machine (%s), cached in %s ($%s overrides): %s", what, key, path, ENV_VAR, "; ".join(lines))
+        log.info("%s timed on this machine (%s), cached in %s ($%s overrides): %s", what, key, path, env, "; ".join(lines))
         table = _read(path)  # another process may have written meanwhile
         table[key] = {**table.get(key, {}), **known}
         try:

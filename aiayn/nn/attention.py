@@ -8,7 +8,10 @@
   (flash / memory-efficient) when it can.
 * ``"auto"`` (the models' default): ``"math"`` when training in half precision on the CPU with at
   most ``AUTO_MATH_MAX_KEYS`` keys, where torch's CPU flash kernel's backward is 2-4x slower than the
-  formula (measured in ``docs/benchmarks.md``); ``"sdpa"`` everywhere else. A named backend is always obeyed.
+  formula (measured in ``docs/benchmarks.md``); for one query at inference on the CPU (a decoding step), the
+  backend :data:`ONE_QUERY` holds for its dtype and shape, timed at load on this machine
+  (:func:`aiayn.inference.kernel_choice.choose_attention`: in bf16 the flash kernel took 4x the formula's time
+  at 512 keys on a Zen 5 EPYC); ``"sdpa"`` everywhere else. A named backend is always obeyed.
 
 Masks follow :mod:`aiayn.nn.masks`: bool, ``True`` = may attend. Fully masked query rows give an
 all-zero output and zero gradients in both backends (no NaN, no ``-1e9`` that overflows fp16).
@@ -26,8 +29,11 @@ from aiayn.nn.masks import causal_mask, check_attention_mask
 
 BACKENDS: tuple[str, ...] = ("math", "sdpa", "auto")
 AUTO_MATH_MAX_KEYS = 128
+# (dtype, heads, head dim) -> the backend of one query at inference on the CPU, filled at load by timing
+# (aiayn.inference.kernel_choice.choose_attention); a shape not in it takes "sdpa".
+ONE_QUERY: dict[tuple[torch.dtype, int, int], str] = {}
 
-__all__ = ["scaled_dot_product_attention", "repeat_kv", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS"]
+__all__ = ["scaled_dot_product_attention", "repeat_kv", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS", "ONE_QUERY"]
 
 
 def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
@@ -46,6 +52,8 @@ def resolve_backend(backend: str, q: Tensor, k_len: int) -> str:
     if backend != "auto":
         return backend
     training = torch.is_grad_enabled() and q.requires_grad
+    if q.device.type == "cpu" and not training and q.shape[2] == 1:  # a decoding step
+        return ONE_QUERY.get((q.dtype, q.shape[1], q.shape[3]), "sdpa")
     half_on_cpu = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
     return "math" if half_on_cpu and training and k_len <= AUTO_MATH_MAX_KEYS else "sdpa"
 

@@ -84,8 +84,10 @@ def test_static_cache_attends_over_the_filled_columns_only(monkeypatch):
 def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     """One graph serves 40 steps and another prompt and max_new_tokens (the attended width and the buffers'
     length are dynamic), its guards look at layer 0 only (so their cost does not grow with the layers), and
-    its logits are the eager static cache's."""
+    its logits are the eager static cache's. One-query attention by the formula (the backend timed faster for bf16 on
+    some CPUs; conformance compiles torch's fused kernel)."""
     from aiayn.decoding import adapters
+    from aiayn.nn import attention
 
     kept = []
     keep_guards = adapters._step_guards
@@ -98,6 +100,10 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     monkeypatch.setattr(adapters, "_step_guards", recording)
     torch._dynamo.reset()  # forget graphs other tests compiled (they would count as recompilations here)
     model = gpt("rotary", n_layers=3)
+    monkeypatch.setattr(attention, "ONE_QUERY", {(torch.float32, m.n_heads, m.head_dim): "math" for m in model.modules() if hasattr(m, "head_dim")})
+    formula, one_query = attention._math_attention, []
+    monkeypatch.setattr(attention, "_math_attention",  # recorded eagerly only (a list a graph appended to would be guarded on)
+                        lambda q, *rest: (torch.compiler.is_compiling() or one_query.append(q.shape[2]), formula(q, *rest))[1])
     compiled, eager = CausalLMDecoder(model, compile=True), CausalLMDecoder(model, static_cache=True)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for prompt_len, steps in [(4, 40), (7, 9)]:
@@ -105,5 +111,6 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
             feed = torch.tensor(random_rows([steps], seed=prompt_len)[0])[:, None]  # (steps, 1), tokens as argmax gives them
             torch.testing.assert_close(_teacher_forced(compiled, ids, None, feed, steps + 2),
                                        _teacher_forced(eager, ids, None, feed, steps + 2), rtol=1e-4, atol=1e-4)
+    assert one_query and set(one_query) == {1}  # the eager decoder's steps took the formula, for one query only
     assert any("_modules['0']" in name for name in kept) and any("self_attn[0]" in name for name in kept)
     assert not [name for name in kept if "_modules['1']" in name or "_modules['2']" in name or "self_attn[1]" in name]

@@ -1,0 +1,94 @@
+"""One-query attention's backend chosen by timing (aiayn.inference.kernel_choice.choose_attention): cached per
+machine beside the Linear choices, obeyed without timing again, the override obeyed and an unknown one named; the
+``auto`` backend reads the choice only for one query at inference on the CPU, and decoding through either backend
+gives the same tokens."""
+
+import copy
+import json
+import logging
+
+import pytest
+import torch
+
+from aiayn.inference import kernel_choice
+from aiayn.nn import attention
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(kernel_choice.ATTENTION_ENV_VAR, "measure")
+    monkeypatch.setattr(attention, "ONE_QUERY", {})  # the process-wide table, empty for this test and restored after
+    return tmp_path / "aiayn" / "kernels.json"
+
+
+def test_the_faster_backend_is_kept_per_dtype_and_shape_and_cached(cache, monkeypatch, caplog):
+    timings = {torch.float32: {"sdpa": 1.0, "math": 2.0}, torch.bfloat16: {"sdpa": 3.0, "math": 1.0}}
+    calls = []
+    monkeypatch.setattr(kernel_choice, "_time_attention", lambda dtype, heads, dim: calls.append((dtype, heads, dim)) or timings[dtype])
+    shapes = [(torch.bfloat16, 4, 16), (torch.float32, 4, 16), (torch.bfloat16, 4, 16)]
+    with caplog.at_level(logging.INFO, logger="aiayn.inference.kernel_choice"):
+        assert kernel_choice.choose_attention(shapes) == ["math", "sdpa", "math"]
+    assert "attention 4x16 bfloat16 1 query: sdpa 3.000, math 1.000 ms (one query over 64+256+1024 keys) -> math" in caplog.text
+    assert "$AIAYN_ATTENTION_KERNEL overrides" in caplog.text
+    assert calls == [(torch.bfloat16, 4, 16), (torch.float32, 4, 16)]  # each shape timed once
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {
+        "attention 4x16 bfloat16 1 query": "math", "attention 4x16 float32 1 query": "sdpa"}
+    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape: pytest.fail("timed a shape the cache decides"))
+    assert kernel_choice.choose_attention(shapes[:2]) == ["math", "sdpa"]  # deterministic given the cache
+
+
+def test_real_timings_choose_a_backend_and_a_corrupt_cache_is_rebuilt(cache, caplog):
+    cache.parent.mkdir(parents=True)
+    cache.write_text("[1, 2")
+    with caplog.at_level(logging.WARNING, logger="aiayn.inference.kernel_choice"):
+        (choice,) = kernel_choice.choose_attention([(torch.float32, 2, 8)])
+    assert "corrupt kernel-choice cache" in caplog.text and choice in kernel_choice.ATTENTION
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"attention 2x8 float32 1 query": choice}
+
+
+def test_the_override_is_obeyed_and_an_unknown_one_named(cache, monkeypatch):
+    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape: pytest.fail("timed under an override"))
+    for mode in kernel_choice.ATTENTION:
+        monkeypatch.setenv(kernel_choice.ATTENTION_ENV_VAR, mode)
+        assert kernel_choice.choose_attention([(torch.float32, 2, 8)]) == [mode]
+    monkeypatch.setenv(kernel_choice.ATTENTION_ENV_VAR, "flash")
+    with pytest.raises(ValueError, match=r"\$AIAYN_ATTENTION_KERNEL must be one of measure, sdpa, math, got 'flash'"):
+        kernel_choice.choose_attention([(torch.float32, 2, 8)])
+
+
+def test_auto_reads_the_choice_only_for_one_query_at_inference_on_the_cpu(cache):
+    attention.ONE_QUERY[(torch.float32, 2, 8)] = "math"
+    one, two = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 2, 8)
+    assert attention.resolve_backend("auto", one, 5) == "math"
+    assert attention.resolve_backend("sdpa", one, 5) == "sdpa"  # a named backend is obeyed
+    assert attention.resolve_backend("auto", two, 5) == "sdpa"  # a prompt: several queries
+    assert attention.resolve_backend("auto", torch.randn(1, 4, 1, 8), 5) == "sdpa"  # a shape not timed
+    assert attention.resolve_backend("auto", one.requires_grad_(), 5) == "sdpa"  # training
+
+
+def test_decoding_through_either_backend_gives_the_same_tokens(cache, monkeypatch):
+    """A model loaded as aiayn.load does registers its shape; greedy decoding with one-query attention by the formula
+    gives the tokens of torch's fused kernel, for the decoder-only and the encoder-decoder families."""
+    from aiayn import build_model
+    from aiayn.decoding import GenerationConfig, as_decoder, generate
+    from aiayn.pretrained import prepare_for_inference
+
+    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape: {"sdpa": 2.0, "math": 1.0})
+    formula, one_query = attention._math_attention, []
+    monkeypatch.setattr(attention, "_math_attention", lambda q, *rest: one_query.append(q.shape[2] == 1) or formula(q, *rest))
+    config = GenerationConfig(max_new_tokens=10, greedy=True, eos_id=None)
+    for preset in ("tiny-decoder-only", "tiny-encoder-decoder"):
+        torch.manual_seed(0)
+        model = prepare_for_inference(build_model(preset, vocab_size=40), pack=False)
+        heads = {(m.n_heads, m.head_dim) for m in model.modules() if hasattr(m, "head_dim")}
+        assert {(h, d) for (_, h, d), b in attention.ONE_QUERY.items() if b == "math"} == heads
+        prompt = torch.randint(4, 40, (2, 6))
+        tokens = {}
+        for backend in ("math", "sdpa"):
+            for key in attention.ONE_QUERY:
+                attention.ONE_QUERY[key] = backend
+            one_query.clear()
+            tokens[backend] = generate(as_decoder(copy.deepcopy(model)), prompt, None, config).sequences()
+            assert any(one_query) == (backend == "math") and not any(not q for q in one_query)  # the formula: decoding steps only
+        assert tokens["math"] == tokens["sdpa"]
