@@ -97,10 +97,11 @@ def gguf_files(peer: nn.Module, cache: Path = HOME / "models") -> dict[str, Path
 
 
 def llama_bench_tokens_per_s(bench: Path, gguf: Path, threads: int, prompt: int, new_tokens: int, repetitions: int) -> float:
-    """llama-bench's mean generation rate (``-n``) for ``gguf`` on ``threads`` threads, tokens/s.
+    """llama-bench's mean generation rate (``-n``) for ``gguf`` on ``threads`` threads, tokens/s, after ``prompt`` tokens
+    in its cache (``-d``, as ours generates after its prompt: without it llama-bench generates from an empty cache).
 
     ``--repack 0``: llama.cpp's Q8_0 repacking crashed on the Intel machine (issue 27); off for every format."""
-    cmd = [str(bench), "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(new_tokens),
+    cmd = [str(bench), "-m", str(gguf), "-t", str(threads), "-p", "0", "-d", str(prompt), "-n", str(new_tokens),
            "-r", str(repetitions), "--repack", "0", "-o", "json"]
     result = subprocess.run(cmd, check=True, capture_output=True, text=True)
     rows = json.loads(result.stdout)

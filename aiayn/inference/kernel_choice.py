@@ -72,8 +72,9 @@ def cache_path() -> Path:
 
 def machine_key() -> str:
     """What a timing depends on besides the shape: the CPU (:func:`aiayn.cpu.cpu_key`: its name alone is shared by
-    CPUs whose winners differ), torch's version and the thread count."""
-    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    CPUs whose winners differ), torch's version and the thread count; "quiet" since choices timed under other work
+    are no longer cached (the entries before, under the key without it, may hold such choices: they are timed again)."""
+    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet"
 
 
 def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
@@ -203,10 +204,16 @@ def _cached(shapes: list[str], items: Sequence[Item], valid: tuple[str, ...], ti
     path, key = cache_path(), machine_key()
     known = {shape: str(choice) for shape, choice in _read(path).get(key, {}).items() if choice in valid}
     lines: list[str] = []
+    start = _cpu_seconds()
     for shape, item in zip(shapes, items):
         if shape not in known:
             known[shape], words = timed(item)
             lines.append(f"{shape}: {words}")
+    others = _others_share(start, _cpu_seconds())
+    if lines and others > BUSY_SHARE:  # a kernel of several threads loses to one of one thread when a core is taken
+        log.warning("%s timed while other work took %.0f%% of a core (%s): used now, not cached, timed again at the next "
+                    "load: %s", what, 100 * others, key, "; ".join(lines))
+        return [known[shape] for shape in shapes]
     if lines:
         log.info("%s timed on this machine (%s), cached in %s ($%s overrides): %s", what, key, path, env, "; ".join(lines))
         table = _read(path)  # another process may have written meanwhile
@@ -217,6 +224,30 @@ def _cached(shapes: list[str], items: Sequence[Item], valid: tuple[str, ...], ti
         except OSError as err:  # a read-only home: choose again next time
             log.warning("could not cache the kernel choice in %s: %s", path, err)
     return [known[shape] for shape in shapes]
+
+
+BUSY_SHARE = 0.1  # other work above a tenth of a core during the timings: the machine was not quiet
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall seconds, CPU seconds of every process and of the hypervisor's steal, this process's CPU seconds) now,
+    from ``/proc/stat``; ``None`` where there is none (not Linux)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait: user, nice, system, irq, softirq, steal
+    return time.perf_counter(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+def _others_share(start: tuple[float, float, float] | None, end: tuple[float, float, float] | None) -> float:
+    """The cores' worth of CPU time that other processes (or the hypervisor) took between ``start`` and ``end``,
+    less a tick of ``/proc/stat``'s granularity per core; 0.0 without ``/proc/stat``."""
+    if start is None or end is None or end[0] <= start[0]:
+        return 0.0
+    wall, busy, own = (b - a for a, b in zip(start, end))
+    tick = (os.cpu_count() or 1) / os.sysconf("SC_CLK_TCK")
+    return max(0.0, busy - own - tick) / wall
 
 
 def _fastest(times: dict[str, float]) -> str:

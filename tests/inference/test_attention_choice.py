@@ -17,6 +17,7 @@ from aiayn.nn import attention
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)  # a quiet machine (the other test worker is not)
     monkeypatch.setenv(kernel_choice.ATTENTION_ENV_VAR, "measure")
     monkeypatch.setattr(attention, "ONE_QUERY", {})  # the process-wide table, empty for this test and restored after
     return tmp_path / "aiayn" / "kernels.json"
