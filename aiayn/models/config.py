@@ -57,7 +57,7 @@ class TransformerConfig:
     bias: bool = True
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model), section 3.4
     init_std: float | None = None  # None = Xavier-uniform linears; a float = normal(0, std) (GPT, BERT)
-    attention_backend: str = "auto"  # auto (math for half-precision CPU training at <= 128 keys, else sdpa) | math | sdpa
+    attention_backend: str = "auto"  # auto (math for half-precision CPU training at <= 128 keys; one query at inference: as timed at load; else sdpa) | math | sdpa
     pad_id: int | None = PAD_ID  # None: no padding token (masks must then be given explicitly)
     attention: str = "softmax"  # self-attention kernel: softmax (the paper) | local | linear; cross-attention stays softmax
     window: int | None = None  # attention="local": keys per query (causal: the last window; bidirectional: centred)
