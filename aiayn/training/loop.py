@@ -40,9 +40,10 @@ from aiayn.checkpoint.state import (
 from aiayn.config_io import save_yaml
 from aiayn.data.batching import padded_length
 from aiayn.evaluation.during_training import bleu_eval_hook
+from aiayn.inference.kernel_choice import choose_training_kernels
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
-from aiayn.nn.onednn_linear import use_training_kernels
+from aiayn.nn.onednn_linear import training_kernel_layers, use_training_kernels
 from aiayn.pretrained import LABELS_FILE
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
@@ -205,7 +206,12 @@ def _train(
     if config.data.dataset == "files" and dist_info.is_main:
         log.info(size_hint(data, n_params, pretrained=loop.init_from is not None))
     if precision == "float32" and device.type == "cpu" and not fsdp:  # oneDNN or MKL, per shape, by timing them here
-        use_training_kernels(model, config.data.batch_tokens())
+        rows, kernels = config.data.batch_tokens(), None
+        if dist_info.enabled:  # rank 0 times alone (a rank timing beside it slows its two-thread kernels); all take its answer
+            layers = training_kernel_layers(model)
+            mine = choose_training_kernels([m.weight for m in layers], rows) if dist_info.is_main and layers else []
+            kernels = all_gather_objects(mine, dist_info)[0]
+        use_training_kernels(model, rows, kernels=kernels)
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
     if fsdp:

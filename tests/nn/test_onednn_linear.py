@@ -81,6 +81,7 @@ def test_plain_override_keeps_mkl(monkeypatch):
 def test_the_choice_is_timed_once_per_shape_cached_and_obeyed(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv(kernel_choice.ENV_VAR, "measure")
+    monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)  # a quiet machine (the other test worker is not)
     timed = []
 
     def fake(weight, rows):  # 8 -> 16 is faster by oneDNN, 16 -> 8 by MKL
@@ -100,6 +101,17 @@ def test_the_choice_is_timed_once_per_shape_cached_and_obeyed(tmp_path, monkeypa
     monkeypatch.setattr(kernel_choice, "_time_training", lambda w, rows: pytest.fail("timed a shape the cache decides"))
     again = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
     assert use_training_kernels(again, rows=4096) == 1 and [type(m) for m in again] == [OneDNNLinear, nn.Linear]
+
+
+def test_a_choice_made_elsewhere_is_obeyed_without_timing(monkeypatch):
+    """Distributed training: rank 0's choice, one per fp32 Linear layer, taken by every rank as it is."""
+    monkeypatch.setenv(kernel_choice.ENV_VAR, "measure")
+    monkeypatch.setattr(kernel_choice, "_time_training", lambda w, rows: pytest.fail("timed a choice given"))
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
+    assert use_training_kernels(model, rows=64, kernels=["plain", "onednn"]) == 1
+    assert [type(m) for m in model] == [nn.Linear, OneDNNLinear]
+    with pytest.raises(ValueError, match="kernels: 1 choices for 2 fp32 Linear layers"):
+        use_training_kernels(nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8)), rows=64, kernels=["plain"])
 
 
 def test_the_real_timing_returns_both_kernels():
