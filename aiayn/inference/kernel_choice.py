@@ -59,9 +59,15 @@ MARGIN = 0.97  # packed must be 3% faster to be kept: it holds a second copy of 
 
 def kernel_mode() -> str:
     """``$AIAYN_LINEAR_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value."""
-    mode = os.environ.get(ENV_VAR, "measure").strip().lower() or "measure"
-    if mode not in CHOICES:
-        raise ValueError(f"${ENV_VAR} must be one of {', '.join(CHOICES)}, got {os.environ[ENV_VAR]!r}")
+    return _env_mode(ENV_VAR, CHOICES)
+
+
+def _env_mode(variable: str, choices: tuple[str, ...]) -> str:
+    """``$variable``, one of ``choices`` (default ``measure``, case and spaces ignored); a ``ValueError`` naming the
+    variable, the choices and the value otherwise."""
+    mode = os.environ.get(variable, "measure").strip().lower() or "measure"
+    if mode not in choices:
+        raise ValueError(f"${variable} must be one of {', '.join(choices)}, got {os.environ[variable]!r}")
     return mode
 
 
@@ -130,10 +136,7 @@ ATTENTION_KEYS = (64, 256, 1024)  # the key lengths a one-query call is timed at
 
 def attention_mode() -> str:
     """``$AIAYN_ATTENTION_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value."""
-    mode = os.environ.get(ATTENTION_ENV_VAR, "measure").strip().lower() or "measure"
-    if mode not in ("measure", *ATTENTION):
-        raise ValueError(f"${ATTENTION_ENV_VAR} must be one of measure, {', '.join(ATTENTION)}, got {os.environ[ATTENTION_ENV_VAR]!r}")
-    return mode
+    return _env_mode(ATTENTION_ENV_VAR, ("measure", *ATTENTION))
 
 
 def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
@@ -209,8 +212,8 @@ def _cached(shapes: list[str], items: Sequence[Item], valid: tuple[str, ...], ti
         if shape not in known:
             known[shape], words = timed(item)
             lines.append(f"{shape}: {words}")
-    others = _others_share(start, _cpu_seconds())
-    if lines and others > BUSY_SHARE:  # a kernel of several threads loses to one of one thread when a core is taken
+    others = _others_share(start, _cpu_seconds()) if lines else 0.0  # nothing timed: nothing to doubt
+    if others > BUSY_SHARE:  # a kernel of several threads loses to one of one thread when a core is taken
         log.warning("%s timed while other work took %.0f%% of a core (%s): used now, not cached, timed again at the next "
                     "load: %s", what, 100 * others, key, "; ".join(lines))
         return [known[shape] for shape in shapes]

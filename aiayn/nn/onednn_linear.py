@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["OneDNNLinear", "OneDNNLinearFunction", "linear", "training_kernel_layers", "use_training_kernels"]
+__all__ = ["OneDNNLinear", "OneDNNLinearFunction", "linear", "training_kernel_choice", "training_kernel_layers",
+           "use_training_kernels"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,15 @@ def training_kernel_layers(model: nn.Module) -> list[nn.Linear]:
     return [m for m in model.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
 
 
+def training_kernel_choice(model: nn.Module, rows: int) -> list[str]:
+    """The library timed faster here (or cached) for each layer of :func:`training_kernel_layers`, at ``rows`` rows
+    (:func:`~aiayn.inference.kernel_choice.choose_training_kernels`); ``[]`` when there is none."""
+    from aiayn.inference.kernel_choice import choose_training_kernels
+
+    layers = training_kernel_layers(model)
+    return choose_training_kernels([m.weight for m in layers], rows) if layers else []
+
+
 def use_training_kernels(model: nn.Module, rows: int, *, kernels: list[str] | None = None) -> int:
     """Make each CPU fp32 ``nn.Linear`` of ``model`` whose shape oneDNN multiplies faster here an
     :class:`OneDNNLinear`, in place (its class changes; its parameters, hooks and keys stay); returns how many.
@@ -89,13 +99,11 @@ def use_training_kernels(model: nn.Module, rows: int, *, kernels: list[str] | No
     ``rows`` is about a batch's tokens: the shapes are timed at that many rows (see
     :func:`~aiayn.inference.kernel_choice.choose_training_kernels`; ``$AIAYN_LINEAR_KERNEL=plain`` keeps MKL).
     ``kernels``: a choice made elsewhere, one per layer of :func:`training_kernel_layers` (distributed training:
-    rank 0's, timed while the other ranks wait), obeyed without timing."""
-    from aiayn.inference.kernel_choice import choose_training_kernels
-
+    rank 0's :func:`training_kernel_choice`, timed while the other ranks wait), obeyed without timing."""
     layers = training_kernel_layers(model)
     if not layers:
         return 0
-    chosen = choose_training_kernels([m.weight for m in layers], rows) if kernels is None else kernels
+    chosen = training_kernel_choice(model, rows) if kernels is None else kernels
     if len(chosen) != len(layers):
         raise ValueError(f"kernels: {len(chosen)} choices for {len(layers)} fp32 Linear layers")
     for layer, kernel in zip(layers, chosen):

@@ -40,10 +40,9 @@ from aiayn.checkpoint.state import (
 from aiayn.config_io import save_yaml
 from aiayn.data.batching import padded_length
 from aiayn.evaluation.during_training import bleu_eval_hook
-from aiayn.inference.kernel_choice import choose_training_kernels
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
-from aiayn.nn.onednn_linear import training_kernel_layers, use_training_kernels
+from aiayn.nn.onednn_linear import training_kernel_choice, use_training_kernels
 from aiayn.pretrained import LABELS_FILE
 from aiayn.tokenization.compat import check_tokenizer_fits
 from aiayn.tokenization.io import load_tokenizer_pair, save_tokenizer_pair
@@ -208,9 +207,7 @@ def _train(
     if precision == "float32" and device.type == "cpu" and not fsdp:  # oneDNN or MKL, per shape, by timing them here
         rows, kernels = config.data.batch_tokens(), None
         if dist_info.enabled:  # rank 0 times alone (a rank timing beside it slows its two-thread kernels); all take its answer
-            layers = training_kernel_layers(model)
-            mine = choose_training_kernels([m.weight for m in layers], rows) if dist_info.is_main and layers else []
-            kernels = all_gather_objects(mine, dist_info)[0]
+            kernels = all_gather_objects(training_kernel_choice(model, rows) if dist_info.is_main else None, dist_info)[0]
         use_training_kernels(model, rows, kernels=kernels)
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
