@@ -1,11 +1,12 @@
 """Does an option of ``torch.compile`` shorten the compiled decode step? Tokens/s of greedy decoding on the
-GPT-2-small shape (random weights, batch 1, prompt 16) with ``CausalLMDecoder(compile=True)`` as it is, against the
-same step compiled with Inductor's ``cpp_wrapper`` and/or ``freezing`` (on plain ``nn.Linear`` weights, which
-freezing packs itself), or with attention's formula (``backend="math"``) instead of the flash kernel; rounds
-interleaved in one process. docs/benchmarks.md (issue 27, item 5) has a run.
+GPT-2-small shape (random weights, batch 1, prompt 16) with ``CausalLMDecoder(compile=True)`` as it is (weights
+frozen into the graph, oneDNN's packed weights as its constants: ``aiayn.decoding.adapters.compiled_step``), against
+the same step with Inductor's ``cpp_wrapper``, with Inductor packing plain ``nn.Linear`` weights itself
+(``inductor-pack``: ``cpp.weight_prepack``, no kernel timed at load), or with attention's formula (``backend="math"``)
+instead of the flash kernel; rounds interleaved in one process. docs/benchmarks.md (issue 27, item 5) has runs.
 
-    python benchmarks/compile_options.py --dtype fp32 --variants compiled,cppw,freeze,freeze-cppw
-    python benchmarks/compile_options.py --dtype bf16 --variants compiled,freeze,compiled-math
+    python benchmarks/compile_options.py --dtype fp32 --variants compiled,cppw,inductor-pack
+    python benchmarks/compile_options.py --dtype bf16 --variants compiled,inductor-pack,compiled-math
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import copy
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,26 +25,26 @@ import generation  # noqa: E402  # benchmarks/generation.py: the model pair
 
 from aiayn.cpu import cpu_summary  # noqa: E402
 from aiayn.decoding import GenerationConfig, generate  # noqa: E402
-from aiayn.decoding.adapters import CausalLMDecoder, _decode_one, _step_guards  # noqa: E402
+from aiayn.decoding.adapters import CausalLMDecoder, compiled_step  # noqa: E402
 from aiayn.nn.multihead import MultiHeadAttention  # noqa: E402
 from aiayn.pretrained import prepare_for_inference  # noqa: E402
 
-VARIANTS = ("compiled", "cppw", "freeze", "freeze-cppw", "compiled-math")
+VARIANTS = ("compiled", "cppw", "inductor-pack", "inductor-pack-cppw", "compiled-math")
 
 
 def decoder(model: torch.nn.Module, variant: str, dtype: str) -> CausalLMDecoder:
-    """The model loaded as ``aiayn.load`` does (plain Linear layers for ``freeze``), its step compiled as ``variant`` says."""
-    model = prepare_for_inference(copy.deepcopy(model), dtype=None if dtype == "fp32" else "bfloat16", pack="freeze" not in variant)
+    """The model loaded as ``aiayn.load`` does (plain Linear layers for ``inductor-pack``), its step compiled as
+    ``variant`` says."""
+    model = prepare_for_inference(copy.deepcopy(model), dtype=None if dtype == "fp32" else "bfloat16", pack="inductor-pack" not in variant)
     if variant.endswith("-math"):
         for module in model.modules():
             if isinstance(module, MultiHeadAttention):
                 module.backend = "math"
     dec = CausalLMDecoder(model, static_cache=True, compile=True)
-    options: dict[str, object] = {"guard_filter_fn": _step_guards}  # as CausalLMDecoder's own
-    options |= {"freezing": True} if "freeze" in variant else {}
+    options: dict[str, Any] = {"cpp.weight_prepack": True} if "inductor-pack" in variant else {}
     options |= {"cpp_wrapper": True} if "cppw" in variant else {}
-    if len(options) > 1:
-        dec._step = torch.compile(_decode_one, fullgraph=True, dynamic=False, options=options)
+    if options:
+        dec._step = compiled_step(model, options)
     return dec
 
 

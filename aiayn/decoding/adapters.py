@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch._inductor.config as inductor_config
 from torch import Tensor, nn
 
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState
@@ -146,9 +150,9 @@ class CausalLMDecoder:
     keep the growing cache. ``compile=True`` (implies it) compiles the one-token step (``fullgraph=True``)
     and raises ``ValueError`` at once for a model without a static KV cache: one graph for every prompt
     length, ``max_new_tokens`` and step (the filled width and the buffers' length are dynamic, the rest
-    static), whose guards check layer 0 for all layers (:func:`_step_guards`: build a new decoder after
-    changing the model's layers). The prefill checks the prompt's ids; a compiled step does not check the
-    model's own tokens.
+    static), whose guards check layer 0 for all layers (:func:`_step_guards`) and whose weights are frozen into
+    it (:func:`compiled_step`): build a new decoder after changing the model's layers or weights. The prefill
+    checks the prompt's ids; a compiled step does not check the model's own tokens.
     """
 
     def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False, compile: bool = False) -> None:
@@ -161,9 +165,7 @@ class CausalLMDecoder:
         _warn_if_training(model)
         self.model, self.use_cache, self.compiled = model, use_cache, compile
         self.static_cache = (static_cache or compile) and blocker is None
-        self._step = _decode_one
-        if compile:
-            self._step = torch.compile(_decode_one, fullgraph=True, dynamic=False, options={"guard_filter_fn": _step_guards})
+        self._step = compiled_step(model) if compile else _decode_one
         # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
         # scores depend only on distances, which left padding does not change.
         self._column_positions = model.positions.kind in ("alibi", "none")
@@ -316,6 +318,40 @@ def as_decoder(model: nn.Module | Decoder, *, use_cache: bool = True, static_cac
 def _decode_one(model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor) -> Tensor:
     """One token per row ``tokens (B, 1)`` at positions ``offset (B,)`` through the model's forward: logits ``(B, V)``."""
     return model(tokens, key_mask, cache=cache, offset=offset)[:, -1]
+
+
+# Held while a compiled step runs with Inductor's freezing switched on (a global setting): one step at a time.
+_FREEZING = threading.Lock()
+
+
+def compiled_step(model: nn.Module, options: dict[str, Any] | None = None) -> Callable[..., Tensor]:
+    """:func:`_decode_one` compiled for ``model``: one full graph, static shapes but the filled width, guards on layer
+    0 only (:func:`_step_guards`), the weights frozen into it as constants (Inductor's freezing).
+
+    Frozen weights are not gathered as inputs at every token, and oneDNN's packed weights
+    (:class:`~aiayn.inference.precision.PackedLinear`, packed now if stale) enter the graph directly, with no call
+    into Python around each matmul (bf16 GPT-2-small: 90 -> 98 tok/s, docs/benchmarks.md). Inductor's own repacking
+    is off, so each layer keeps the kernel timed fastest here. The step holds the weights as they were when it
+    compiled: build a new decoder after changing them. Dynamo reads ``freezing`` from the global config while it
+    traces (the ``options`` of ``torch.compile`` reach only Inductor), so it is switched on around each call.
+    ``options``: more Inductor settings for this step (``benchmarks/compile_options.py`` tries some)."""
+    from aiayn.inference.precision import PackedLinear
+
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.refresh()
+    step = torch.compile(_decode_one, fullgraph=True, dynamic=False, options={"guard_filter_fn": _step_guards, **(options or {})})
+
+    def frozen(*args: Any) -> Tensor:
+        with _FREEZING:
+            saved = inductor_config.freezing, inductor_config.cpp.weight_prepack
+            inductor_config.freezing, inductor_config.cpp.weight_prepack = True, False
+            try:
+                return step(*args)
+            finally:
+                inductor_config.freezing, inductor_config.cpp.weight_prepack = saved
+
+    return frozen
 
 
 # A guard's source in a layer after the first: its modules and weights, or its cache.

@@ -13,10 +13,10 @@ faster on this machine (:mod:`aiayn.inference.kernel_choice`). Softmax (:mod:`ai
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -97,31 +97,6 @@ def can_pack(weight: Tensor) -> bool:
     return weight.dtype == torch.float32
 
 
-# PackedLinear modules by id, so that the opaque op below finds the packed weight of the module that called it.
-_PACKED: weakref.WeakValueDictionary[int, PackedLinear] = weakref.WeakValueDictionary()
-
-
-torch.library.define("aiayn::packed_linear", "(Tensor x, Tensor weight, Tensor? bias, int key) -> Tensor")
-
-
-@torch.library.impl("aiayn::packed_linear", "CPU")
-def _packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, key: int) -> Tensor:
-    """``F.linear`` through the packed weight of the :class:`PackedLinear` registered as ``key``: opaque to
-    ``torch.compile`` (whose graphs cannot hold oneDNN's packed tensors); plain ``F.linear`` if it is gone."""
-    module = _PACKED.get(key)
-    if module is None or module.weight.data_ptr() != weight.data_ptr():
-        return F.linear(x, weight, bias)
-    return module.packed_forward(x)
-
-
-@torch.library.register_fake("aiayn::packed_linear")
-def _(x: Tensor, weight: Tensor, bias: Tensor | None, key: int) -> Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-packed_linear = torch.ops.aiayn.packed_linear
-
-
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` (same ``weight``/``bias`` parameters, same checkpoint keys) whose inference calls take the
     kernels timed fastest here: ``one`` for one-row calls, ``many`` for several rows, each ``"packed"`` (the weight
@@ -149,8 +124,7 @@ class PackedLinear(nn.Linear):
         self._packed: Tensor | None = None
         self._packed_for: tuple = ()
         if "packed" in (one, many):
-            self._pack()
-        _PACKED[id(self)] = self  # the key a compiled graph calls packed_linear with
+            self.refresh()
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the packed tensor out (oneDNN's opaque tensors have no storage to copy);
@@ -159,22 +133,22 @@ class PackedLinear(nn.Linear):
         state["_packed"], state["_packed_for"] = None, ()
         return state
 
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        _PACKED[id(self)] = self
-
-    def _pack(self) -> None:
-        w = self.weight  # None when oneDNN cannot pack its (new) dtype here, e.g. a loaded model cast to bf16 on AVX2
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None) if can_pack(w) else None
-        self._packed_for = (w.data_ptr(), w._version, w.dtype)
+    def refresh(self) -> None:
+        """Pack the weight again if it changed (storage, version or dtype) since it was packed, or was never packed."""
+        w = self.weight
+        if (w.data_ptr(), w._version, w.dtype) != self._packed_for:
+            # None when oneDNN cannot pack its (new) dtype here, e.g. a loaded model cast to bf16 on AVX2
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None) if can_pack(w) else None
+            self._packed_for = (w.data_ptr(), w._version, w.dtype)
 
     def packed_forward(self, x: Tensor) -> Tensor:
         """The oneDNN call over the packed weight, repacked first if the weight changed since."""
-        w = self.weight
-        if (w.data_ptr(), w._version, w.dtype) != self._packed_for:
-            self._pack()
+        self.refresh()
+        return self._packed_call(x)
+
+    def _packed_call(self, x: Tensor) -> Tensor:
         if self._packed is None:
-            return F.linear(x, w, self.bias)
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
     def forward(self, x: Tensor) -> Tensor:
@@ -186,7 +160,9 @@ class PackedLinear(nn.Linear):
         if kernel == "split":
             return split_linear(x, self.weight, self.bias, self.parts)
         if torch.compiler.is_compiling():
-            return packed_linear(x, self.weight, self.bias, id(self))
+            # A graph holds oneDNN's packed tensor only as a constant (Inductor's freezing, as the compiled decode step
+            # runs: aiayn.decoding.adapters.compiled_step), packed when the step was built; otherwise the plain matmul.
+            return self._packed_call(x) if inductor_config.freezing else F.linear(x, self.weight, self.bias)
         return self.packed_forward(x)
 
     def extra_repr(self) -> str:

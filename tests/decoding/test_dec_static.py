@@ -84,9 +84,10 @@ def test_static_cache_attends_over_the_filled_columns_only(monkeypatch):
 def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     """One graph serves 40 steps and another prompt and max_new_tokens (the attended width and the buffers'
     length are dynamic), its guards look at layer 0 only (so their cost does not grow with the layers), and
-    its logits are the eager static cache's. One-query attention by the formula (the backend timed faster for bf16 on
+    its logits are the eager static cache's, packed Linear layers included. One-query attention by the formula (the backend timed faster for bf16 on
     some CPUs; conformance compiles torch's fused kernel)."""
     from aiayn.decoding import adapters
+    from aiayn.inference import pack_linears
     from aiayn.nn import attention
 
     kept = []
@@ -100,6 +101,7 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     monkeypatch.setattr(adapters, "_step_guards", recording)
     torch._dynamo.reset()  # forget graphs other tests compiled (they would count as recompilations here)
     model = gpt("rotary", n_layers=3)
+    assert pack_linears(model) > 0  # as loading does: oneDNN's packed weights enter the frozen graph as constants
     monkeypatch.setattr(attention, "ONE_QUERY", {(torch.float32, m.n_heads, m.head_dim): "math" for m in model.modules() if hasattr(m, "head_dim")})
     formula, one_query = attention._math_attention, []
     monkeypatch.setattr(attention, "_math_attention",  # recorded eagerly only (a list a graph appended to would be guarded on)
@@ -114,3 +116,11 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     assert one_query and set(one_query) == {1}  # the eager decoder's steps took the formula, for one query only
     assert any("_modules['0']" in name for name in kept) and any("self_attn[0]" in name for name in kept)
     assert not [name for name in kept if "_modules['1']" in name or "_modules['2']" in name or "self_attn[1]" in name]
+    assert not torch._inductor.config.freezing  # switched on only while the step ran (a user's own compile is unaffected)
+    with torch.no_grad():  # weights changed in place (a fine-tuning step): a new decoder sees them, packed ones included
+        for param in model.parameters():
+            param.mul_(1.5)
+    ids = torch.tensor(random_rows([4]))
+    feed = torch.tensor(random_rows([3], seed=9)[0])[:, None]
+    torch.testing.assert_close(_teacher_forced(CausalLMDecoder(model, compile=True), ids, None, feed, 5),
+                               _teacher_forced(CausalLMDecoder(model, static_cache=True), ids, None, feed, 5), rtol=1e-4, atol=1e-4)

@@ -142,17 +142,21 @@ def test_packed_fp32_linears_train_through_the_plain_path_and_keep_their_checkpo
         torch.testing.assert_close(clone(x), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_compiled_packed_linears_give_the_eager_result():
-    """Under torch.compile the packed weight is reached through the opaque aiayn::packed_linear op."""
-    from aiayn.inference.precision import packed_linear
+@pytest.mark.parametrize("freezing", [True, False], ids=["frozen", "not-frozen"])
+def test_compiled_packed_linears_give_the_eager_result(freezing):
+    """Compiled with Inductor's freezing (as the decode step is), the packed weights enter the graph as constants and
+    oneDNN's kernel runs in it; compiled without, the plain matmul runs. Both give the eager result."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.utils import run_and_get_code
 
     model, _ = _packed_pair()
     x = torch.randn(3, 32)
-    with torch.no_grad():
+    torch._dynamo.reset()
+    with torch.no_grad(), inductor_config.patch(freezing=freezing, **{"cpp.weight_prepack": False}):
         eager = model(x)
-        compiled = torch.compile(model, fullgraph=True, dynamic=False)(x)
-    torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
-    torch.library.opcheck(packed_linear, (x, model[0].weight.detach(), model[0].bias.detach(), id(model[0])))  # inference only
+        compiled, code = run_and_get_code(torch.compile(model, fullgraph=True, dynamic=False), x)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    assert ("mkldnn._linear_pointwise" in "".join(code)) is freezing
 
 
 def test_bfloat16_without_native_support_loads_with_a_warning(tmp_path, monkeypatch, caplog):
