@@ -229,7 +229,8 @@ def load(
     """Load a model directory (ours or Hugging Face's), a checkpoint or a run directory, with its tokenizer.
 
     ``dtype`` (``torch.bfloat16`` or ``"bfloat16"``), ``quantize`` (``"int8"``: weight-only, per-channel
-    scales) and ``device`` (``"cuda"``) are applied once, at load; ``pack=False`` holds each Linear weight once
+    scales; ``"int8-dynamic"``: the same weights, activations quantised to 8 bits at each call; ``"int4"``,
+    ``"int4-g64"``, ``"int4-g128"``: 4-bit weights in groups) and ``device`` (``"cuda"``) are applied once, at load; ``pack=False`` holds each Linear weight once
     (less memory, slower few-row matmuls on the CPU: :func:`~aiayn.pretrained.load_pretrained`).
     Raises ``FileNotFoundError`` naming the path, ``ValueError`` for a directory without a tokenizer or
     whose tokenizer does not fit the model.

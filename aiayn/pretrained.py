@@ -253,7 +253,7 @@ def load_pretrained(
     The one place where inference precision is chosen, once, at load: ``dtype`` (``"float32"``,
     ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``; ``None`` keeps fp32) casts the weights;
     ``quantize="int8"`` turns every Linear layer into int8 weights with per-channel scales
-    (:mod:`aiayn.inference.quantization`). A directory written by ``aiayn quantize`` loads as int8
+    (:mod:`aiayn.inference.quantization`; ``"int8-dynamic"``, ``"int4"``: see there). A directory written by ``aiayn quantize`` loads as int8
     whatever ``quantize`` says. ``pack=False`` keeps the CPU's fp32/bf16 Linear layers plain ``nn.Linear``
     (each weight held once instead of twice, for memory; few-row matmuls then run MKL's slower kernel, see
     :func:`~aiayn.inference.precision.pack_linears`). Raises ``FileNotFoundError`` naming the path when there is nothing

@@ -4,7 +4,8 @@ Marian-shaped encoder-decoder, in one process, rounds interleaved, medians repor
 
 Decoder-only variants (``--variants``): ours in fp32 over the static KV cache (``ours-fp32``), the
 same over the dynamic (growing) cache (``ours-fp32-dynamic``), with bf16 weights (``ours-bf16``),
-with int8 or int4 weight-only Linear layers (``ours-int8``, ``ours-int4``), compiled (``ours-*-compiled``), without a
+with int8 or int4 weight-only Linear layers (``ours-int8``, ``ours-int4``), with int8 weights and activations
+(``ours-int8dyn``: ``quantize="int8-dynamic"``, llama.cpp's Q8_0 scheme in kind), compiled (``ours-*-compiled``), without a
 cache (``ours-fp32-uncached``), with plain ``nn.Linear`` layers instead of the oneDNN-packed ones
 ``load_pretrained`` gives (``ours-fp32-unpacked``: MKL's sgemm, as Hugging Face runs); Hugging Face ``GPT2LMHeadModel.generate`` in fp32 (``hf-fp32``) and
 with bf16 weights (``hf-bf16``). Weights are random (no download), built as ``GPT2LMHeadModel`` and
@@ -80,7 +81,7 @@ QUICK_MARIAN = {"d_model": 32, "layers": 2, "heads": 2, "ffn": 64, "vocab": 128}
 
 VARIANTS = (
     "ours-fp32", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-bf16-compiled",
-    "ours-int8-compiled", "ours-int4", "ours-int4-compiled", "ours-fp32-uncached", "ours-fp32-unpacked", "hf-fp32", "hf-bf16",
+    "ours-int8-compiled", "ours-int8dyn", "ours-int8dyn-compiled", "ours-int4", "ours-int4-compiled", "ours-fp32-uncached", "ours-fp32-unpacked", "hf-fp32", "hf-bf16",
 )
 DEFAULT_VARIANTS = (
     "ours-fp32", "ours-fp32-unpacked", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-int4", "ours-fp32-compiled", "ours-fp32-uncached",
@@ -165,9 +166,10 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
     models: dict[str, nn.Module] = {}
     if any("bf16" in n and n.startswith("ours") for n in names):
         models["bf16"] = prepare_for_inference(copy.deepcopy(ours), dtype="bfloat16")
-    for method in ("int8", "int4"):  # int4: a scale and zero per 32 inputs, as llama.cpp's Q4_0
-        if any(method in n for n in names):
-            models[method] = prepare_for_inference(copy.deepcopy(ours), quantize=method)
+    # int4: a scale and zero per 32 inputs, as llama.cpp's Q4_0; int8dyn: int8 activations too, as its Q8_0
+    for key, method in (("int8", "int8"), ("int8dyn", "int8-dynamic"), ("int4", "int4")):
+        if any(n.startswith("ours-") and n.split("-")[1] == key for n in names):
+            models[key] = prepare_for_inference(copy.deepcopy(ours), quantize=method)
     if any(n.endswith("-unpacked") for n in names):  # MKL's sgemm through F.linear, as a plain nn.Linear runs
         models["unpacked"] = prepare_for_inference(copy.deepcopy(ours), pack=False)
     models["fp32"] = prepare_for_inference(ours)
@@ -272,10 +274,10 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
 
 
 # The kernels that read a Linear layer's weight (fp32/bf16 through MKL or oneDNN, split over the threads by batched
-# matmuls, int8, int4), as torch.profiler names them. Attention's formula path multiplies by bmm too: counted here,
+# matmuls, int8, int4, FBGEMM's int8-dynamic), as torch.profiler names them. Attention's formula path multiplies by bmm too: counted here,
 # it is small beside the weights at these lengths (the fused SDPA kernel, taken at longer ones, is not a bmm).
 WEIGHT_KERNELS = frozenset({"aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise",
-                            "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu"})
+                            "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu", "quantized::linear_dynamic"})
 
 
 def outside_the_weights(decoder: CausalLMDecoder, ids: Tensor, steps: int) -> float:

@@ -24,7 +24,7 @@ HOME = Path(os.environ.get("AIAYN_LLAMA_CPP", Path.home() / ".cache" / "aiayn" /
 FORMATS = {
     "f32": ("ours-fp32", "ours-fp32-unpacked", "ours-fp32-compiled"),
     "bf16": ("ours-bf16", "ours-bf16-compiled"),
-    "q8_0": ("ours-int8", "ours-int8-compiled"),
+    "q8_0": ("ours-int8", "ours-int8-compiled", "ours-int8dyn", "ours-int8dyn-compiled"),  # Q8_0 quantises activations too
     "q4_0": ("ours-int4", "ours-int4-compiled"),
 }
 TARGETS = {"f32": 1.0, "bf16": 1.1, "q8_0": 1.2, "q4_0": 1.0}

@@ -46,7 +46,9 @@ def add_precision_arguments(parser: argparse.ArgumentParser, *, compile: bool = 
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
                         help="cast the weights once at load; bf16 means bfloat16 (default: float32 as saved)")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default=None,
-                        help="int8: int8 weight-only Linear layers with per-channel scales (default: none)")
+                        help="int8: int8 weight-only Linear layers with per-channel scales; int8-dynamic: the same weights, the "
+                        "activations quantised to 8 bits at each call (FBGEMM); int4[-g64|-g128]: 4-bit weights, a scale "
+                        "and zero per group of 32 (64, 128) inputs (default: none)")
     add_pack_argument(parser)
     if compile:
         parser.add_argument("--compile", action="store_true",

@@ -8,13 +8,13 @@ from pathlib import Path
 from aiayn.inference.quantization import QUANTIZATIONS
 from aiayn.pretrained import MODEL_FILE, load_pretrained, own_files, save_pretrained
 
-HELP = "write an int8 (per-channel scales) or int4 (per-group scales) weight-only copy of a model as safetensors"
+HELP = "write an int8 (per-channel scales) or int4 (per-group scales) copy of a model as safetensors"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a model directory, a training checkpoint or a run directory")
     parser.add_argument("--to", required=True, metavar="DIR", help="the directory to write (weights, config, tokenizers)")
-    parser.add_argument("--method", choices=QUANTIZATIONS[1:], default="int8", help="the quantisation: int8, or int4 with a scale per 32 inputs (-g64, -g128: fewer scales) (default: int8)")
+    parser.add_argument("--method", choices=QUANTIZATIONS[1:], default="int8", help="the quantisation: int8 (weight-only), int8-dynamic (the same weights, activations quantised to 8 bits at each call), or int4 with a scale per 32 inputs (-g64, -g128: fewer scales) (default: int8)")
     parser.add_argument("--overwrite", action="store_true", help="replace --to if it exists")
 
 

@@ -330,15 +330,16 @@ def compiled_step(model: nn.Module, options: dict[str, Any] | None = None) -> Ca
 
     Frozen weights are not gathered as inputs at every token, and oneDNN's packed weights
     (:class:`~aiayn.inference.precision.PackedLinear`, packed now if stale) enter the graph directly, with no call
-    into Python around each matmul (bf16 GPT-2-small 1.13-1.54x the step before, docs/benchmarks.md). Inductor's own repacking
+    into Python around each matmul (FBGEMM's, for int8-dynamic layers, is called through an opaque op, also packed now) (bf16 GPT-2-small 1.13-1.54x the step before, docs/benchmarks.md). Inductor's own repacking
     is off, so each layer keeps the kernel timed fastest here. The step holds the weights as they were when it
     compiled: build a new decoder after changing them. Dynamo reads ``freezing`` from the global config while it
     traces (the ``options`` of ``torch.compile`` reach only Inductor), so it is switched on around each call.
     ``options``: more Inductor settings for this step (``benchmarks/compile_options.py`` tries some)."""
+    from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.precision import PackedLinear
 
     for module in model.modules():
-        if isinstance(module, PackedLinear):
+        if isinstance(module, (PackedLinear, Int8DynamicLinear)):  # the packed weights the graph will call
             module.refresh()
     step = torch.compile(_decode_one, fullgraph=True, dynamic=False, options={"guard_filter_fn": _step_guards, **(options or {})})
 

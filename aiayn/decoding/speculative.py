@@ -183,7 +183,8 @@ class SpeculativeDecoder:
     (``static_cache=True`` works). ``draft_tokens``: K, the most draft tokens checked per target forward.
     ``ngram``: prompt lookup's longest n-gram. ``draft_model``: mode ``"draft"``'s smaller model.
     Raises ``ValueError`` for an unknown mode, K < 1, a draft model with another vocabulary, or a model
-    whose cache cannot roll back (``attention='local'``/``'linear'``, ``mixer='ssm'``).
+    whose cache cannot roll back (``attention='local'``/``'linear'``, ``mixer='ssm'``) or whose rows are not computed
+    apart (``quantize='int8-dynamic'``).
     ``drafted``/``accepted`` count the draft tokens of the last run (:attr:`acceptance_rate`).
     """
 
@@ -199,6 +200,7 @@ class SpeculativeDecoder:
             raise ValueError("speculative decoding needs a CausalLMDecoder or Seq2SeqDecoder with use_cache=True "
                              f"(it crops the cache), got {type(target).__name__}")
         _check_croppable(decoder.model, "model")
+        _check_row_independent(decoder.model)
         self.drafter: Drafter
         if mode == "draft":
             if draft_model is None:
@@ -304,6 +306,17 @@ def _check_croppable(model: nn.Module, name: str) -> None:
             raise ValueError(f"speculative decoding rolls the {name}'s cache back to the accepted tokens, which "
                              f"model.{key}={value} cannot (its cache is a ring buffer or a recurrent state); it works "
                              f"with model.{key}={works}: decode this model without speculative decoding")
+
+
+def _check_row_independent(model: nn.Module) -> None:
+    """``ValueError`` for a model whose rows are not computed apart (int8-dynamic layers quantise a call's rows with
+    one range): the K + 1 rows the target checks at once would differ from the one-token steps of plain decoding."""
+    from aiayn.inference.int8_dynamic import Int8DynamicLinear
+
+    if any(isinstance(m, Int8DynamicLinear) for m in model.modules()):
+        raise ValueError("speculative decoding keeps a draft token only where the target's check of several tokens at once "
+                         "equals plain decoding, which quantize='int8-dynamic' cannot promise (a call's rows share one "
+                         "activation range); it works with quantize='int8' (weight-only), int4 or none")
 
 
 def _fits(model: nn.Module, ids: Tensor, max_new_tokens: int | None) -> bool:

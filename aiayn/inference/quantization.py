@@ -24,8 +24,9 @@ __all__ = ["QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "parse_quantize",
 
 log = logging.getLogger(__name__)
 
-# int4 groups 32 inputs a scale; int4-g64 and int4-g128 store fewer scales (aiayn.inference.int4)
-QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int4", "int4-g64", "int4-g128")
+# int8-dynamic: int8 activations too (aiayn.inference.int8_dynamic); int4 groups 32 inputs a scale; int4-g64 and
+# int4-g128 store fewer scales (aiayn.inference.int4)
+QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int8-dynamic", "int4", "int4-g64", "int4-g128")
 _KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give wrong results or crash)
 
 
@@ -68,8 +69,8 @@ def _int4_group(method: str) -> int:
 
 def quantize(model: nn.Module, method: str) -> nn.Module:
     """Quantise ``model``'s Linear layers in place by ``method`` (one of :data:`QUANTIZATIONS` but ``none``)."""
-    if method == "int8":
-        return quantize_int8(model)
+    if method in ("int8", "int8-dynamic"):
+        return quantize_int8(model, dynamic=method == "int8-dynamic")
     from aiayn.inference.int4 import quantize_int4
 
     return quantize_int4(model, _int4_group(parse_quantize(method) or "int4"))
@@ -83,6 +84,11 @@ def quantization_record(model: nn.Module) -> dict | None:
     if int4:
         return {"method": "int4" if int4[0].group_size == 32 else f"int4-g{int4[0].group_size}",
                 "scheme": f"weight-only, asymmetric, an fp32 scale and zero point per group of {int4[0].group_size} inputs"}
+    from aiayn.inference.int8_dynamic import Int8DynamicLinear
+
+    if any(isinstance(m, Int8DynamicLinear) for m in model.modules()):
+        return {"method": "int8-dynamic", "scheme": "symmetric int8 weights, one fp32 scale per output channel; activations "
+                "quantised to 8 bits at each call (FBGEMM's dynamic quantisation)"}
     if any(isinstance(m, Int8Linear) for m in model.modules()):
         return {"method": "int8", "scheme": "weight-only, symmetric, one fp32 scale per output channel"}
     return None
@@ -180,18 +186,25 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` by an :class:`Int8Linear`, in place; returns ``model``.
+def quantize_int8(model: nn.Module, *, dynamic: bool = False) -> nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` by an :class:`Int8Linear` (``dynamic``: an
+    :class:`~aiayn.inference.int8_dynamic.Int8DynamicLinear`, int8 activations too), in place; returns ``model``.
 
     Raises ``ValueError`` when the model has no Linear layer (nothing to quantise) and
     ``RuntimeError`` when this torch build lacks the kernel.
     """
+    method = "int8-dynamic" if dynamic else "int8"
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not targets:
         raise ValueError(
-            f"quantize='int8': {type(model).__name__} has no nn.Linear layer to quantise "
+            f"quantize={method!r}: {type(model).__name__} has no nn.Linear layer to quantise "
             f"(accepted: a model with Linear layers, or quantize one of {', '.join(QUANTIZATIONS)} = 'none')"
         )
+    if dynamic:
+        from aiayn.inference.int8_dynamic import Int8DynamicLinear, check_int8_dynamic_kernel
+
+        check_int8_dynamic_kernel(targets[0][1].weight.device)
+        return replace_linears(model, targets, lambda name, linear: Int8DynamicLinear.from_linear(linear))
     check_int8_kernel(targets[0][1].weight.device)
     slow = sorted({m.in_features for _, m in targets if m.in_features % _KERNEL_K_MULTIPLE})
     if slow:

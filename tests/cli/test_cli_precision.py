@@ -32,7 +32,7 @@ COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("flags", [["--dtype", "float16"], ["--dtype", "bfloat16"], ["--quantize", "int8"]])
+@pytest.mark.parametrize("flags", [["--dtype", "float16"], ["--dtype", "bfloat16"], ["--quantize", "int8"], ["--quantize", "int8-dynamic"]])
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_inference_command_takes_dtype_and_quantize(capsys, models, command, flags):
     preset, argv = COMMANDS[command]
@@ -41,7 +41,7 @@ def test_every_inference_command_takes_dtype_and_quantize(capsys, models, comman
 
 
 @pytest.mark.parametrize(("flag", "value", "choices"), [
-    ("--dtype", "float64", "'float32', 'bfloat16', 'float16'"), ("--quantize", "int3", "'none', 'int8', 'int4', 'int4-g64', 'int4-g128'"),
+    ("--dtype", "float64", "'float32', 'bfloat16', 'float16'"), ("--quantize", "int3", "'none', 'int8', 'int8-dynamic', 'int4', 'int4-g64', 'int4-g128'"),
 ])
 @pytest.mark.parametrize("command", [*COMMANDS, "evaluate"])
 def test_unknown_values_name_the_flag_and_the_choices(capsys, models, command, flag, value, choices):

@@ -66,7 +66,7 @@ def test_a_fused_model_saves_loads_and_takes_an_unfused_state_dict(tmp_path):
         torch.testing.assert_close(fresh(ids), model(ids), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int8-dynamic", "int4"])
 def test_quantised_layers_fuse_to_what_they_computed_apart(method):
     if method == "int4" and not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
         pytest.skip("no int4 CPU kernel in this torch")

@@ -55,7 +55,7 @@ def test_int4_at_load_takes_the_group_size_asked_for(tmp_path):
 
 
 def test_bad_int4_settings_are_named():
-    with pytest.raises(ValueError, match=r"quantize must be one of none, int8, int4, int4-g64, int4-g128, got 'int4-g16'"):
+    with pytest.raises(ValueError, match=r"quantize must be one of none, int8, int8-dynamic, int4, int4-g64, int4-g128, got 'int4-g16'"):
         parse_quantize("int4-g16")
     with pytest.raises(ValueError, match=r"group size must be one of \(32, 64, 128\), got 48"):
         quantize_int4(nn.Sequential(nn.Linear(96, 8)), 48)

@@ -46,7 +46,7 @@ def test_quantised_logits_stay_near_fp32(kind):
     assert (out - reference).abs().max() <= 0.02 * reference.abs().max()
 
 
-@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("method", ["int8", "int8-dynamic", "int4"])
 def test_quantised_checkpoint_survives_save_and_load_bit_for_bit(tmp_path, method):
     if method == "int4" and not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
         pytest.skip("no int4 CPU kernel in this torch")
@@ -85,7 +85,7 @@ def test_a_build_without_the_kernel_is_refused_before_loading(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize(("argument", "value", "message"), [
-    ("quantize", "int3", "quantize must be one of none, int8, int4, int4-g64, int4-g128, got 'int3'"),
+    ("quantize", "int3", "quantize must be one of none, int8, int8-dynamic, int4, int4-g64, int4-g128, got 'int3'"),
     ("dtype", "float64", "dtype must be one of float32, bfloat16, float16, got 'float64'"),
 ])
 def test_unknown_choices_are_named(tmp_path, argument, value, message):
