@@ -337,7 +337,9 @@ def bench_beam(args: argparse.Namespace, sizes: dict, threads: int) -> tuple[flo
 
 def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int = 5) -> dict[str, tuple[float, float]]:
     """ms per ``x (rows, 768) @ W^T`` with ``W (out_features, 768)`` -> (median, best), for fp32 as ``nn.Linear``
-    runs it (MKL's sgemm), fp32 and bf16 packed once for oneDNN (``PackedLinear``), bf16 plain, and int8."""
+    runs it (MKL's sgemm), fp32 and bf16 packed once for oneDNN (``PackedLinear``), bf16 plain, int8 (weight-only, bf16
+    activations) and int8-dynamic (FBGEMM, int8 activations)."""
+    from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.quantization import Int8Linear as Int8
 
     torch.manual_seed(0)
@@ -348,6 +350,7 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
     if can_pack(bf16.weight):  # oneDNN packs bf16 only with AVX512 or AVX-NE-CONVERT
         cases["bf16 packed"] = (PackedLinear(bf16), x_bf16)
     cases["int8"] = (Int8.from_linear(linear), x_bf16)
+    cases["int8-dynamic"] = (Int8DynamicLinear.from_linear(linear), x)
     times: dict[str, list[float]] = {name: [] for name in cases}
     with torch.no_grad():
         for _ in range(repeats):
@@ -454,7 +457,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="", help="comma-separated variants to profile (torch.profiler, one call each)")
     p.add_argument("--linears", action="store_true",
                    help="only time single Linear layers, 768 -> 3072 and 768 -> 50257, for 1 and 8 rows "
-                        "(fp32, fp32 packed, bf16, bf16 packed, int8)")
+                        "(fp32, fp32 packed, bf16, bf16 packed, int8, int8-dynamic)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1 round, few tokens (a smoke test)")
     p.add_argument("--llama-cpp", choices=("auto", "no"), default="auto",
                    help="llama.cpp's llama-bench as the batch-1 peer when it is built (default: auto)")

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.inference.precision import replace_linears
+from aiayn.inference.quantization import kernel_in_graph
 
 __all__ = ["GROUP_SIZES", "Int4Linear", "check_int4_kernel", "quantize_int4"]
 
@@ -28,6 +29,26 @@ log = logging.getLogger(__name__)
 
 GROUP_SIZES = (32, 64, 128)
 _KERNEL_N_MULTIPLE = 16  # the CPU kernel packs outputs in blocks of 16: others are padded (GPT-2's 50257 words)
+
+
+torch.library.define("aiayn::weight_int4_mm", "(Tensor x, Tensor packed, int group_size, Tensor scale_zeros) -> Tensor")
+
+
+def _weight_int4_mm(x: Tensor, packed: Tensor, group_size: int, scale_zeros: Tensor) -> Tensor:
+    """torch's CPU kernel ``_weight_int4pack_mm_for_cpu``; behind the opaque op ``weight_int4_mm`` where a compiled
+    graph may not call it directly (:func:`~aiayn.inference.quantization.kernel_in_graph`)."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group_size, scale_zeros)
+
+
+torch.library.impl("aiayn::weight_int4_mm", "CPU")(_weight_int4_mm)
+
+
+@torch.library.register_fake("aiayn::weight_int4_mm")
+def _(x: Tensor, packed: Tensor, group_size: int, scale_zeros: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], packed.shape[0])  # the padded outputs, as the kernel returns them
+
+
+weight_int4_mm = torch.ops.aiayn.weight_int4_mm
 
 
 def check_int4_kernel(device: torch.device | str = "cpu") -> None:
@@ -69,6 +90,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", torch.zeros(0, dtype=torch.uint8, device=device), persistent=False)
         self.register_buffer("scale_zeros", torch.zeros(0, device=device), persistent=False)
         self._packed_key: tuple = ()
+        self._in_graph = False  # whether a compiled graph calls the kernel directly (set by repack)
         self.register_load_state_dict_post_hook(lambda module, keys: module.repack())
 
     @classmethod
@@ -111,6 +133,7 @@ class Int4Linear(nn.Module):
         scale_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, pad))  # (N', G, 2)
         self.scale_zeros = scale_zeros.transpose(0, 1).contiguous().to(dtype)
         self._packed_key = self._key(dtype)
+        self._in_graph = kernel_in_graph()  # read here, eagerly: Dynamo cannot trace Inductor's ISA check
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (the
@@ -120,7 +143,10 @@ class Int4Linear(nn.Module):
         if not torch.compiler.is_compiling() and self._key(compute) != self._packed_key:
             self.repack(compute)
         scale_zeros = self.scale_zeros if self.scale_zeros.dtype == compute else self.scale_zeros.to(compute)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.contiguous(), self.packed, self.group_size, scale_zeros)
+        if torch.compiler.is_compiling() and not self._in_graph:
+            out = weight_int4_mm(flat, self.packed, self.group_size, scale_zeros)
+        else:
+            out = _weight_int4_mm(flat, self.packed, self.group_size, scale_zeros)
         if out.shape[-1] != self.out_features:
             out = out[:, : self.out_features]
         if self.bias is not None:

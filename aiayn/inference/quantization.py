@@ -11,6 +11,7 @@ one row per token), so a tied output projection is quantised on its own copy.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -30,15 +31,27 @@ QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int8-dynamic", "int4", "int4-
 _KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give wrong results or crash)
 
 
-# An op defined with torch.library.define/impl rather than @custom_op: its call costs ~7 us, not ~25 us, and a
-# compiled GPT-2 step makes 73 of them.
+@functools.cache
+def kernel_in_graph() -> bool:
+    """Whether a compiled graph may call torch's int4 kernel directly (Inductor lowers it in place, its packed codes
+    frozen as constants): only where Inductor writes AVX-512 code. Under its AVX2 code (``ATEN_CPU_CAPABILITY=avx2``
+    on a Zen 5 EPYC, 2026-12-04) a compiled step calling it directly gave NaN logits from its second token, as one
+    calling the int8 kernel directly did (2026-12-03); elsewhere int4 goes through an opaque op, which Inductor calls
+    as it is. int8's weight-only kernel keeps its opaque op everywhere (below)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return pick_vec_isa().bit_width() >= 512
+
+
+# Opaque ops defined with torch.library.define/impl rather than @custom_op: a call costs ~7 us, not ~25 us, and a
+# compiled GPT-2 step makes 49 of them.
 torch.library.define("aiayn::weight_int8_mm", "(Tensor x, Tensor weight, Tensor scale) -> Tensor")
 
 
 def _weight_int8_mm(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """torch's CPU kernel ``_weight_int8pack_mm`` behind an opaque op: ``torch.compile`` calls it as it
-    is. (Inductor's own lowering of the kernel fails in torch 2.13 on a CPU without AMX, with
-    "LoweringException: AssertionError: Pointwise", when its input comes from a fused cast.)"""
+    is (see :func:`kernel_in_graph`; and Inductor's own lowering failed in torch 2.13 on a CPU without AMX, with
+    "LoweringException: AssertionError: Pointwise", when its input came from a fused cast)."""
     return torch.ops.aten._weight_int8pack_mm(x.contiguous(), weight, scale)
 
 

@@ -124,3 +124,18 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     feed = torch.tensor(random_rows([3], seed=9)[0])[:, None]
     torch.testing.assert_close(_teacher_forced(CausalLMDecoder(model, compile=True), ids, None, feed, 5),
                                _teacher_forced(CausalLMDecoder(model, static_cache=True), ids, None, feed, 5), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["int4", "int8-dynamic"])
+def test_compiled_quantised_decoding_gives_the_eager_logits(method):
+    """int4's kernel lowers into the frozen graph (its packed codes as constants); int8-dynamic's FBGEMM matmul is an
+    opaque op, packed before the step compiles. Either way the compiled step computes what the eager one does."""
+    from aiayn.inference.quantization import quantize
+
+    if method == "int4" and not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        pytest.skip("no int4 CPU kernel in this torch")
+    model = quantize(gpt("rotary", n_layers=2), method)
+    ids = torch.tensor(random_rows([4]))
+    feed = torch.tensor(random_rows([6], seed=4)[0])[:, None]
+    torch.testing.assert_close(_teacher_forced(CausalLMDecoder(model, compile=True), ids, None, feed, 8),
+                               _teacher_forced(CausalLMDecoder(model, static_cache=True), ids, None, feed, 8), rtol=1e-3, atol=1e-3)
