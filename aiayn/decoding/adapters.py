@@ -337,16 +337,20 @@ def compiled_step(model: nn.Module, options: dict[str, Any] | None = None) -> Ca
     ``options``: more Inductor settings for this step (``benchmarks/compile_options.py`` tries some)."""
     from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.precision import PackedLinear
+    from aiayn.inference.quantization import Int8Linear, avx512_graphs
 
     for module in model.modules():
         if isinstance(module, (PackedLinear, Int8DynamicLinear)):  # the packed weights the graph will call
             module.refresh()
+    # Not frozen: weight-only int8 layers where Inductor writes AVX2 code (a frozen step gave wrong tokens there, see
+    # avx512_graphs); packed layers then run F.linear in the graph.
+    freeze = avx512_graphs() or not any(type(module) is Int8Linear for module in model.modules())
     step = torch.compile(_decode_one, fullgraph=True, dynamic=False, options={"guard_filter_fn": _step_guards, **(options or {})})
 
     def frozen(*args: Any) -> Tensor:
         with _FREEZING:
             saved = inductor_config.freezing, inductor_config.cpp.weight_prepack
-            inductor_config.freezing, inductor_config.cpp.weight_prepack = True, False
+            inductor_config.freezing, inductor_config.cpp.weight_prepack = freeze, False
             try:
                 return step(*args)
             finally:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.inference.precision import replace_linears
-from aiayn.inference.quantization import kernel_in_graph
+from aiayn.inference.quantization import avx512_graphs
 
 __all__ = ["GROUP_SIZES", "Int4Linear", "check_int4_kernel", "quantize_int4"]
 
@@ -36,7 +36,7 @@ torch.library.define("aiayn::weight_int4_mm", "(Tensor x, Tensor packed, int gro
 
 def _weight_int4_mm(x: Tensor, packed: Tensor, group_size: int, scale_zeros: Tensor) -> Tensor:
     """torch's CPU kernel ``_weight_int4pack_mm_for_cpu``; behind the opaque op ``weight_int4_mm`` where a compiled
-    graph may not call it directly (:func:`~aiayn.inference.quantization.kernel_in_graph`)."""
+    graph may not call it directly (:func:`~aiayn.inference.quantization.avx512_graphs`)."""
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group_size, scale_zeros)
 
 
@@ -133,7 +133,7 @@ class Int4Linear(nn.Module):
         scale_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, pad))  # (N', G, 2)
         self.scale_zeros = scale_zeros.transpose(0, 1).contiguous().to(dtype)
         self._packed_key = self._key(dtype)
-        self._in_graph = kernel_in_graph()  # read here, eagerly: Dynamo cannot trace Inductor's ISA check
+        self._in_graph = avx512_graphs()  # read here, eagerly: Dynamo cannot trace Inductor's ISA check
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (the

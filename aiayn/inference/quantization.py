@@ -32,12 +32,13 @@ _KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give 
 
 
 @functools.cache
-def kernel_in_graph() -> bool:
-    """Whether a compiled graph may call torch's int4 kernel directly (Inductor lowers it in place, its packed codes
-    frozen as constants): only where Inductor writes AVX-512 code. Under its AVX2 code (``ATEN_CPU_CAPABILITY=avx2``
-    on a Zen 5 EPYC, 2026-12-04) a compiled step calling it directly gave NaN logits from its second token, as one
-    calling the int8 kernel directly did (2026-12-03); elsewhere int4 goes through an opaque op, which Inductor calls
-    as it is. int8's weight-only kernel keeps its opaque op everywhere (below)."""
+def avx512_graphs() -> bool:
+    """Whether Inductor writes AVX-512 code here (the CPU and ``ATEN_CPU_CAPABILITY`` decide), where compiled decode
+    steps were checked with their weights frozen and torch's int4 kernel called in the graph directly. Under its AVX2
+    code (``ATEN_CPU_CAPABILITY=avx2`` on a Zen 5 EPYC, 2026-12-04) a step calling the int4 kernel directly gave NaN
+    logits from its second token, and a frozen step over weight-only int8 layers gave other tokens than the eager step
+    (one thread; the layer alone and the whole forward compiled were right): there int4 goes through an opaque op and
+    such a step is not frozen (:func:`aiayn.decoding.adapters.compiled_step`)."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     return pick_vec_isa().bit_width() >= 512
@@ -50,7 +51,7 @@ torch.library.define("aiayn::weight_int8_mm", "(Tensor x, Tensor weight, Tensor 
 
 def _weight_int8_mm(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """torch's CPU kernel ``_weight_int8pack_mm`` behind an opaque op: ``torch.compile`` calls it as it
-    is (see :func:`kernel_in_graph`; and Inductor's own lowering failed in torch 2.13 on a CPU without AMX, with
+    is (and Inductor's own lowering failed in torch 2.13 on a CPU without AMX, with
     "LoweringException: AssertionError: Pointwise", when its input came from a fused cast)."""
     return torch.ops.aten._weight_int8pack_mm(x.contiguous(), weight, scale)
 
