@@ -45,14 +45,19 @@ def add_precision_arguments(parser: argparse.ArgumentParser, *, compile: bool = 
     with ``compile``, ``--compile`` (commands that decode token by token)."""
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
                         help="cast the weights once at load; bf16 means bfloat16 (default: float32 as saved)")
-    parser.add_argument("--quantize", choices=QUANTIZATIONS, default=None,
-                        help="int8: int8 weight-only Linear layers with per-channel scales; int8-dynamic: the same weights, the "
-                        "activations quantised to 8 bits at each call (FBGEMM); int4[-g64|-g128]: 4-bit weights, a scale "
-                        "and zero per group of 32 (64, 128) inputs (default: none)")
+    add_quantize_argument(parser)
     add_pack_argument(parser)
     if compile:
         parser.add_argument("--compile", action="store_true",
                             help="torch.compile the one-token decode step over a static KV cache")
+
+
+def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
+    """``--quantize`` (``args.quantize``, default ``None``): the ``quantize`` of :func:`~aiayn.pretrained.load_pretrained`."""
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, default=None,
+                        help="int8: int8 weight-only Linear layers with per-channel scales; int8-dynamic: the same weights, the "
+                        "activations quantised to 8 bits at each call (FBGEMM); int4[-g64|-g128]: 4-bit weights, a scale "
+                        "and zero per group of 32 (64, 128) inputs (default: none)")
 
 
 def add_pack_argument(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import socket
 import sys
 
 from aiayn.cli.args import device, finite_float
-from aiayn.cli.inference import add_pack_argument
+from aiayn.cli.inference import add_pack_argument, add_quantize_argument
 from aiayn.decoding.speculative import DEFAULT_DRAFT_TOKENS, DEFAULT_NGRAM
 from aiayn.inference.precision import DTYPE_CHOICES
 
@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default: 8000)")
     parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="weights' dtype; bf16 means bfloat16 (default: float32)")
     parser.add_argument("--device", default="cpu", type=device, help="device to run on, checked before listening (default: cpu)")
+    add_quantize_argument(parser)
     add_pack_argument(parser)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)")
     parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together in one step (default: 8)")
@@ -87,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = create_app(
-        lambda: load_served_model(args.checkpoint, dtype=args.dtype, device=args.device, name=args.model_name, pack=args.pack),
+        lambda: load_served_model(args.checkpoint, dtype=args.dtype, device=args.device, name=args.model_name, pack=args.pack,
+                                  quantize=args.quantize),
         max_batch=args.max_batch, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, on_load_error=load_failed,
         body_timeout=args.body_timeout,
         speculative=None if args.speculative is None else {"speculative": args.speculative, "draft_tokens": args.draft_tokens, "ngram": args.ngram},

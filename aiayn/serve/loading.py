@@ -56,16 +56,16 @@ class ServedModel:
 
 def load_served_model(
     checkpoint: str | os.PathLike[str], *, dtype: str = "float32", device: str = "cpu", name: str | None = None,
-    pack: bool = True,
+    pack: bool = True, quantize: str | None = None,
 ) -> ServedModel:
-    """Load a model directory, checkpoint or run directory for serving, in ``dtype`` on ``device`` (``pack``:
-    see :func:`~aiayn.pretrained.load_pretrained`).
+    """Load a model directory, checkpoint or run directory for serving, in ``dtype`` on ``device`` (``pack``,
+    ``quantize``: see :func:`~aiayn.pretrained.load_pretrained`).
 
     Raises ``ValueError`` for an unknown ``dtype`` or a model saved without tokenizers (text cannot be
     encoded), ``FileNotFoundError`` when there is nothing at ``checkpoint``.
     """
     dtype = dtype_name(dtype)  # "bf16" is "bfloat16"; ValueError naming dtype and the choices
-    loaded = load_parts(checkpoint, device=device, dtype=None if dtype == "float32" else dtype, pack=pack)
+    loaded = load_parts(checkpoint, device=device, dtype=None if dtype == "float32" else dtype, quantize=quantize, pack=pack)
     if loaded.src_tokenizer is None or loaded.tgt_tokenizer is None:
         raise ValueError(f"checkpoint {checkpoint} holds no tokenizer, so the server could not encode text")
     return ServedModel(loaded.model, loaded.config, loaded.src_tokenizer, loaded.tgt_tokenizer, name or Path(checkpoint).resolve().name,

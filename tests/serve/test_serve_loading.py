@@ -40,3 +40,17 @@ def test_a_bfloat16_server_completes(serve, saved):
 
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "a cat", "max_tokens": 5, "seed": 0}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int8-dynamic", "int4"])
+def test_a_quantised_server_completes(serve, saved, quantize):
+    """`aiayn serve --quantize` reaches the loader (int8-dynamic: a batch's rows share one activation range)."""
+    import httpx
+
+    from aiayn.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", "--checkpoint", str(saved[0]), "--quantize", quantize])
+    assert args.quantize == quantize
+    server = serve(lambda: load_served_model(saved[0], quantize=args.quantize))
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "a cat", "max_tokens": 5, "seed": 0}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
