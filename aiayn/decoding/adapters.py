@@ -330,8 +330,10 @@ def compiled_step(model: nn.Module, options: dict[str, Any] | None = None) -> Ca
 
     Frozen weights are not gathered as inputs at every token, and oneDNN's packed weights
     (:class:`~aiayn.inference.precision.PackedLinear`, packed now if stale) enter the graph directly, with no call
-    into Python around each matmul (FBGEMM's, for int8-dynamic layers, is called through an opaque op, also packed now) (bf16 GPT-2-small 1.13-1.54x the step before, docs/benchmarks.md). Inductor's own repacking
-    is off, so each layer keeps the kernel timed fastest here. The step holds the weights as they were when it
+    into Python around each matmul (bf16 GPT-2-small 1.13-1.54x the step before, docs/benchmarks.md); FBGEMM's
+    packed weights (int8-dynamic layers, also packed now) are called through an opaque op. Inductor's own repacking
+    is off, so each layer keeps the kernel timed fastest here. Where Inductor writes AVX2 code, a model with
+    weight-only int8 layers is compiled without freezing (:func:`~aiayn.inference.quantization.avx512_graphs`). The step holds the weights as they were when it
     compiled: build a new decoder after changing them. Dynamo reads ``freezing`` from the global config while it
     traces (the ``options`` of ``torch.compile`` reach only Inductor), so it is switched on around each call.
     ``options``: more Inductor settings for this step (``benchmarks/compile_options.py`` tries some)."""
