@@ -264,7 +264,11 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
         decode = None
         if f"{name}:prefill" in times and args.new_tokens > 1:  # new_tokens - 1 steps: the first token is the prefill's
             steps = statistics.median(times[name]) - statistics.median(times[f"{name}:prefill"])
-            decode = batch * (args.new_tokens - 1) / steps
+            if steps > 0:  # a noisy round can make the median prefill outlast the median whole call: no rate then
+                decode = batch * (args.new_tokens - 1) / steps
+            else:
+                log.warning("%s: the median prefill (%.4f s) is not shorter than the median call: no decode-only rate", name,
+                            statistics.median(times[f"{name}:prefill"]))
         rows.append(Row(batch, threads, name, statistics.median(rates), agree, bound, rates, outside, decode))
     if args.profile:
         for name in args.profile:
