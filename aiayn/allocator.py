@@ -34,6 +34,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from aiayn.environment import env_choice
+
 __all__ = ["CHOICES", "ENV_VAR", "allocator_mode", "describe", "hold_freed_memory", "mimalloc_path", "preload_env",
            "reexec_with_allocator", "set_mmap_threshold"]
 
@@ -48,10 +50,7 @@ _LIBRARY = Path("cmeel.prefix") / "lib" / "libmimalloc.so"  # where the cmeel-mi
 
 def allocator_mode(env: Mapping[str, str] = os.environ) -> str:
     """``$AIAYN_ALLOCATOR`` (default ``auto``); a ``ValueError`` naming it, the value and the choices otherwise."""
-    mode = env.get(ENV_VAR, "auto").strip().lower() or "auto"
-    if mode not in CHOICES:
-        raise ValueError(f"${ENV_VAR} must be one of {', '.join(CHOICES)}, got {env[ENV_VAR]!r}")
-    return mode
+    return env_choice(ENV_VAR, CHOICES, env)
 
 
 def mimalloc_path() -> Path | None:

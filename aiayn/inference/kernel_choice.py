@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.cpu import cpu_key
+from aiayn.environment import env_choice
 from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
@@ -59,16 +60,7 @@ MARGIN = 0.97  # packed must be 3% faster to be kept: it holds a second copy of 
 
 def kernel_mode() -> str:
     """``$AIAYN_LINEAR_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value."""
-    return _env_mode(ENV_VAR, CHOICES)
-
-
-def _env_mode(variable: str, choices: tuple[str, ...]) -> str:
-    """``$variable``, one of ``choices`` (default ``measure``, case and spaces ignored); a ``ValueError`` naming the
-    variable, the choices and the value otherwise."""
-    mode = os.environ.get(variable, "measure").strip().lower() or "measure"
-    if mode not in choices:
-        raise ValueError(f"${variable} must be one of {', '.join(choices)}, got {os.environ[variable]!r}")
-    return mode
+    return env_choice(ENV_VAR, CHOICES)
 
 
 def cache_path() -> Path:
@@ -136,7 +128,7 @@ ATTENTION_KEYS = (64, 256, 1024)  # the key lengths a one-query call is timed at
 
 def attention_mode() -> str:
     """``$AIAYN_ATTENTION_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value."""
-    return _env_mode(ATTENTION_ENV_VAR, ("measure", *ATTENTION))
+    return env_choice(ATTENTION_ENV_VAR, ("measure", *ATTENTION))
 
 
 def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
