@@ -19,7 +19,7 @@ run (``dst.copy_(src)`` of 256 MiB, read + written bytes over time).
 What is left outside the weights: for each of our variants, a share of a decode step's wall time (timed
 without the profiler) that is not spent in the kernels that read the weights (torch.profiler's self time of
 ``aten::addmm``/``mm``, ``aten::baddbmm``/``bmm`` (the split kernel's slices), oneDNN's ``_linear_pointwise``,
-the int8 and int4 kernels: :data:`WEIGHT_KERNELS`; one row a token, so each is a weight read). The rest is attention, norms, activations, casts, the cache writes, the argmax, the
+our native matrix-vector product ``aiayn_native::gemv``, the int8 and int4 kernels: :data:`WEIGHT_KERNELS`; one row a token, so each is a weight read). The rest is attention, norms, activations, casts, the cache writes, the argmax, the
 dispatch of every op and the Python between them.
 
     python benchmarks/generation.py                                   # everything (long on 2 cores)
@@ -54,7 +54,7 @@ from torch import Tensor, nn
 from aiayn.cpu import cpu_summary
 from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
-from aiayn.inference import Int8Linear, PackedLinear
+from aiayn.inference import Int8Linear, PackedLinear, gemv
 from aiayn.inference.precision import can_pack, native_bf16
 from aiayn.interop.hf import load_hf
 from aiayn.pretrained import prepare_for_inference
@@ -281,7 +281,8 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
 # matmuls, int8, int4, FBGEMM's int8-dynamic), as torch.profiler names them. Attention's formula path multiplies by bmm too: counted here,
 # it is small beside the weights at these lengths (the fused SDPA kernel, taken at longer ones, is not a bmm).
 WEIGHT_KERNELS = frozenset({"aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise",
-                            "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu", "quantized::linear_dynamic"})
+                            "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu", "quantized::linear_dynamic",
+                            "aiayn_native::gemv"})
 
 
 def outside_the_weights(decoder: CausalLMDecoder, ids: Tensor, steps: int) -> float:
@@ -342,7 +343,8 @@ def bench_beam(args: argparse.Namespace, sizes: dict, threads: int) -> tuple[flo
 def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int = 5) -> dict[str, tuple[float, float]]:
     """ms per ``x (rows, 768) @ W^T`` with ``W (out_features, 768)`` -> (median, best), for fp32 as ``nn.Linear``
     runs it (MKL's sgemm), fp32 and bf16 packed once for oneDNN (``PackedLinear``), bf16 plain, int8 (weight-only, bf16
-    activations) and int8-dynamic (FBGEMM, int8 activations)."""
+    activations) and int8-dynamic (FBGEMM, int8 activations); for one row also our native kernel over fp32, bf16 and
+    int8 weights (fp32 activations for int8), where it builds."""
     from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.quantization import Int8Linear as Int8
 
@@ -355,6 +357,12 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
         cases["bf16 packed"] = (PackedLinear(bf16), x_bf16)
     cases["int8"] = (Int8.from_linear(linear), x_bf16)
     cases["int8-dynamic"] = (Int8DynamicLinear.from_linear(linear), x)
+    if rows == 1 and gemv.available():  # our matrix-vector kernel, built on this machine (aiayn.inference.gemv)
+        cases["fp32 native"] = (PackedLinear(linear, one="native", many="plain"), x)
+        cases["bf16 native"] = (PackedLinear(bf16, one="native", many="plain"), x_bf16)
+        int8_native = Int8.from_linear(linear)
+        int8_native.one = "native"
+        cases["int8 native"] = (int8_native, x)
     times: dict[str, list[float]] = {name: [] for name in cases}
     with torch.no_grad():
         for _ in range(repeats):

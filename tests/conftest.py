@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "training"))
@@ -21,3 +22,14 @@ def pytest_collection_modifyitems(config, items):
     the long ones start early and the short ones fill in around them, instead of one long test
     starting last and running alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture
+def native_gemv():
+    """aiayn's native matrix-vector kernel (aiayn.inference.gemv), built into the user cache once per machine;
+    the test is skipped, with the reason, where it does not build. Ask for it before fixtures that move the cache."""
+    from aiayn.inference import gemv
+
+    if not gemv.available():
+        pytest.skip(f"the native kernel does not build here: {gemv.unavailable_reason()}")
+    return gemv

@@ -20,6 +20,7 @@ from aiayn.data.errors import DataError, DownloadError
 from aiayn.data.lm import split_text
 from aiayn.data.readers import LabeledText, ParallelText, read_classification, read_parallel, read_text
 from aiayn.data.verified import check_file, remember
+from aiayn.environment import user_cache_dir
 
 __all__ = [
     "ENV_VAR",
@@ -127,8 +128,7 @@ SST2_CLASS_NAMES = ["negative", "positive"]  # what the labels mean, for classif
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/aiayn/data``, else ``~/.cache/aiayn/data``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "aiayn" / "data"
+    return user_cache_dir() / "data"
 
 
 def search_dirs(data_dir: str | Path | None = None) -> list[tuple[Path, str]]:

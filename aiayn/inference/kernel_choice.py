@@ -1,7 +1,8 @@
 """Which kernel runs each Linear layer at inference, decided by timing the candidates on this machine.
 
-For one row (batch-1 decoding), MKL's sgemm through ``F.linear``, oneDNN over a weight packed once, and the
-weight's rows split over torch's threads (:mod:`aiayn.inference.split_linear`) trade places by CPU and shape:
+For one row (batch-1 decoding), MKL's sgemm through ``F.linear``, oneDNN over a weight packed once, the
+weight's rows split over torch's threads (:mod:`aiayn.inference.split_linear`) and, for fp32, our own
+matrix-vector product built on this machine (:mod:`aiayn.inference.gemv`) trade places by CPU and shape:
 oneDNN was 1.8x faster than MKL through GPT-2's output projection on an AVX2 AMD EPYC, MKL 1.36x faster for
 768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked the winner on both, so
 :func:`choose_kernels` times them for each distinct shape, dtype and thread count, for one row and for
@@ -37,20 +38,24 @@ from torch import Tensor, nn
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.cpu import cpu_key
-from aiayn.environment import env_choice
+from aiayn.environment import env_choice, user_cache_dir
+from aiayn.inference.gemv import DTYPES as GEMV_DTYPES
+from aiayn.inference.gemv import available as gemv_available
+from aiayn.inference.gemv import gemv_int8, gemv_linear
 from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "ENV_VAR", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "attention_mode",
-    "cache_path", "choose_attention", "choose_kernels", "choose_model_attention", "choose_training_kernels", "kernel_mode",
+    "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
+    "attention_mode", "cache_path", "choose_attention", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
+    "choose_training_kernels", "kernel_mode", "one_row_kernels",
     "machine_key",
 ]
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "AIAYN_LINEAR_KERNEL"
-ONE_ROW = ("plain", "packed", "split")  # the kernels timed for one row
+ONE_ROW = ("plain", "packed", "split", "native")  # the kernels for one row (native: fp32, where it builds)
 MANY_ROWS = ("plain", "packed")  # and for several rows
 KERNELS = tuple(f"{one}/{many}" for one in ONE_ROW for many in MANY_ROWS)  # a choice: "<one row>/<several rows>"
 OVERRIDES = {"packed": "packed/packed", "plain": "plain/plain", "split": "split/plain"}
@@ -64,15 +69,15 @@ def kernel_mode() -> str:
 
 
 def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "aiayn" / "kernels.json"
+    return user_cache_dir() / "kernels.json"
 
 
 def machine_key() -> str:
     """What a timing depends on besides the shape: the CPU (:func:`aiayn.cpu.cpu_key`: its name alone is shared by
     CPUs whose winners differ), torch's version and the thread count; "quiet" since choices timed under other work
-    are no longer cached (the entries before, under the key without it, may hold such choices: they are timed again)."""
-    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet"
+    are no longer cached (the entries before, under the key without it, may hold such choices: they are timed again);
+    "native" since our matrix-vector kernel is a candidate (choices made without it are timed again with it)."""
+    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet | native"
 
 
 def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
@@ -89,13 +94,43 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
         return [OVERRIDES[mode]] * len(weights)
 
     def timed(weight: Tensor) -> tuple[str, str]:
-        one, many = _time_kernels(weight, 1, ONE_ROW), _time_kernels(weight, rows, MANY_ROWS)
+        names = one_row_kernels(weight.dtype)
+        one, many = _time_kernels(weight, 1, names), _time_kernels(weight, rows, MANY_ROWS)
         choice = f"{_fastest(one)}/{_fastest(many)}"
-        return choice, (", ".join(f"{name} {one[name]:.3f}" for name in ONE_ROW) + " ms (1 row); "
+        return choice, (", ".join(f"{name} {one[name]:.3f}" for name in names) + " ms (1 row); "
                         + ", ".join(f"{name} {many[name]:.3f}" for name in MANY_ROWS) + f" ms ({rows} rows) -> {choice}")
 
+    # A cached choice of the native kernel holds only where it still loads (and for fp32): else timed again.
+    native = gemv_available() if any(w.dtype in GEMV_DTYPES for w in weights) else False
+    valid = KERNELS if native else tuple(k for k in KERNELS if not k.startswith("native/"))
     shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows" for w in weights]
-    return _cached(shapes, weights, KERNELS, timed, "Linear kernels")
+    return _cached(shapes, weights, valid, timed, "Linear kernels")
+
+
+def one_row_kernels(dtype: torch.dtype) -> tuple[str, ...]:
+    """The kernels timed for one row of ``dtype``: :data:`ONE_ROW`, less ``native`` for other dtypes than fp32 and
+    bf16 and where it does not build (:mod:`aiayn.inference.gemv`)."""
+    native = dtype in GEMV_DTYPES and gemv_available()
+    return ONE_ROW if native else tuple(name for name in ONE_ROW if name != "native")
+
+
+INT8_ONE_ROW = ("torch", "native")  # weight-only int8, one row: torch's _weight_int8pack_mm, or our matrix-vector product
+
+
+def choose_int8_kernels(weights: list[Tensor]) -> list[str]:
+    """The one-row kernel of each weight-only int8 ``weight (out, in)`` here, one of :data:`INT8_ONE_ROW` (several
+    rows always take torch's): timed once per shape and cached with the Linear kernels; any override but ``measure``
+    takes torch's, and so does a machine where the native kernel does not build."""
+    if not weights or kernel_mode() != "measure" or not gemv_available():
+        return ["torch"] * len(weights)
+
+    def timed(weight: Tensor) -> tuple[str, str]:
+        times = _time_kernels(weight, 1, INT8_ONE_ROW)
+        choice = _fastest(times)
+        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in INT8_ONE_ROW) + f" ms (1 row) -> {choice}"
+
+    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1 row" for w in weights]
+    return _cached(shapes, weights, INT8_ONE_ROW, timed, "int8 kernels")
 
 
 TRAINING = ("plain", "onednn")  # fp32 training: MKL through F.linear and its autograd, or oneDNN (aiayn.nn.onednn_linear)
@@ -280,7 +315,7 @@ def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int
     size = w.numel() * w.element_size()
     copies = max(1, min(MAX_COPIES, -(-COLD_BYTES // size)))
     weights = [w.clone() for _ in range(copies)]
-    x = torch.randn(rows, w.shape[1], dtype=w.dtype)
+    x = torch.randn(rows, w.shape[1], dtype=w.dtype if w.is_floating_point() else torch.float32)  # int8: fp32 inputs
     runs = {name: [_kernel(name, c, x) for c in weights] for name in names}
     times: dict[str, list[float]] = {name: [] for name in names}
     with torch.no_grad():
@@ -320,11 +355,20 @@ def _time_training(weight: Tensor, rows: int, rounds: int = 3) -> dict[str, floa
 
 
 def _kernel(name: str, weight: Tensor, x: Tensor) -> Callable[[], Tensor]:
-    """A call of ``x`` through ``weight`` by the kernel ``name`` (oneDNN's weight packed here, once)."""
+    """A call of ``x`` through ``weight`` by the kernel ``name`` (oneDNN's weight packed here, once); an int8 weight
+    by :data:`INT8_ONE_ROW`'s (torch's computes in bf16, as :class:`~aiayn.inference.quantization.Int8Linear` does)."""
+    if weight.dtype == torch.int8:
+        scale = torch.ones(weight.shape[0])
+        if name == "native":
+            return lambda: gemv_int8(x, weight, scale, None)
+        xb, sb = x.bfloat16(), scale.bfloat16()
+        return lambda: torch.ops.aten._weight_int8pack_mm(xb, weight, sb)
     if name == "packed":
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         return lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     if name == "split":
         parts = split_parts()
         return lambda: split_linear(x, weight, None, parts)
+    if name == "native":
+        return lambda: gemv_linear(x, weight, None)
     return lambda: F.linear(x, weight)

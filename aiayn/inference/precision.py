@@ -20,6 +20,7 @@ import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.inference import gemv
 from aiayn.inference.split_linear import split_linear, split_parts
 
 __all__ = ["DTYPES", "DTYPE_ALIASES", "DTYPE_CHOICES", "PackedLinear", "cast_model", "dtype_name", "native_bf16",
@@ -101,21 +102,23 @@ class PackedLinear(nn.Linear):
     """An ``nn.Linear`` (same ``weight``/``bias`` parameters, same checkpoint keys) whose inference calls take the
     kernels timed fastest here: ``one`` for one-row calls, ``many`` for several rows, each ``"packed"`` (the weight
     also held packed for oneDNN; repacked if the weight changes), ``"plain"`` (``F.linear``) or, for one row,
-    ``"split"`` (:func:`~aiayn.inference.split_linear.split_linear`). Training (grad enabled) and other devices
-    run the plain ``F.linear``.
+    ``"split"`` (:func:`~aiayn.inference.split_linear.split_linear`) or ``"native"`` (our matrix-vector product,
+    :mod:`aiayn.inference.gemv`; fp32 and bf16). Training (grad enabled) and other devices run the plain ``F.linear``.
 
     Why in fp32 too: on CPUs where MKL's sgemm is slow for a few rows (AMD EPYC here: 1.8x slower for one row
     through the 50257-word output projection, 2.6x for eight), oneDNN's packed kernel reads the weight at
     memory speed; ``docs/benchmarks.md`` has the measurement. The cost is a second copy of each weight packed.
     """
 
-    KINDS = {"one": ("plain", "packed", "split"), "many": ("plain", "packed")}
+    KINDS = {"one": ("plain", "packed", "split", "native"), "many": ("plain", "packed")}
 
     def __init__(self, linear: nn.Linear, *, one: str = "packed", many: str = "packed") -> None:
         nn.Module.__init__(self)
         for name, kernel in (("one", one), ("many", many)):
             if kernel not in self.KINDS[name]:
                 raise ValueError(f"PackedLinear: {name} must be one of {', '.join(self.KINDS[name])}, got {kernel!r}")
+        if one == "native":
+            _check_native(linear.weight)
         self.one, self.many = one, many  # the kernels of one-row calls and of several-row calls
         self.parts = split_parts()  # the slices of a split call: set by the threads at load
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -159,6 +162,8 @@ class PackedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if kernel == "split":
             return split_linear(x, self.weight, self.bias, self.parts)
+        if kernel == "native" and (gemv.IN_GRAPHS or not torch.compiler.is_compiling()):
+            return gemv.gemv_linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
             # A graph holds oneDNN's packed tensor only as a constant (Inductor's freezing, as the compiled decode step
             # runs: aiayn.decoding.adapters.compiled_step), packed when the step was built; otherwise the plain matmul.
@@ -170,11 +175,21 @@ class PackedLinear(nn.Linear):
                 f"one row: {self.one}, several rows: {self.many}")
 
 
+def _check_native(weight: Tensor) -> None:
+    """A ``ValueError`` unless our matrix-vector kernel can take ``weight`` here (fp32 or bf16, and built on this machine)."""
+    if weight.dtype not in gemv.DTYPES:
+        raise ValueError(f"PackedLinear: one='native' takes float32 or bfloat16 weights, got {weight.dtype} (use packed, plain or split)")
+    reason = gemv.unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"PackedLinear: one='native' cannot run here: {reason} (use packed, plain or split)")
+
+
 def pack_linears(model: nn.Module, rows: int | None = None) -> int:
     """Replace CPU ``nn.Linear`` layers by :class:`PackedLinear`, in place, where torch's oneDNN supports their
     dtype here and a kernel other than ``F.linear`` is the faster one for their shape on this machine, for one row
     or for several (timed once per shape and cached: :func:`~aiayn.inference.kernel_choice.choose_kernels`);
-    returns how many were replaced.
+    returns how many were replaced. Weight-only int8 layers get their one-row kernel the same way
+    (:func:`choose_int8_kernels`).
 
     ``rows``: the rows of a several-row call, timed beside one row; by default 8 for models that decode (a
     batch, a prompt) and 64 for encoder-only models (a batch of sentences at once)."""
@@ -192,7 +207,19 @@ def pack_linears(model: nn.Module, rows: int | None = None) -> int:
         return PackedLinear(linear, one=one, many=many)
 
     replace_linears(model, targets, chosen)
+    choose_int8_kernels(model)
     return len(targets)
+
+
+def choose_int8_kernels(model: nn.Module) -> None:
+    """Set each weight-only int8 layer's one-row kernel (``one``: torch's ``_weight_int8pack_mm`` or our native
+    matrix-vector product), timed once per shape and cached as the Linear kernels are."""
+    from aiayn.inference.kernel_choice import choose_int8_kernels as choose
+    from aiayn.inference.quantization import Int8Linear
+
+    layers = [m for m in model.modules() if type(m) is Int8Linear and m.weight.device.type == "cpu"]
+    for layer, one in zip(layers, choose([m.weight for m in layers])):
+        layer.one = one
 
 
 def replace_linears(model: nn.Module, targets: list[tuple[str, nn.Linear]], make: Callable[[str, nn.Linear], nn.Module]) -> nn.Module:

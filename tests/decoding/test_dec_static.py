@@ -126,15 +126,23 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
                                _teacher_forced(CausalLMDecoder(model, static_cache=True), ids, None, feed, 5), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["int4", "int8-dynamic"])
-def test_compiled_quantised_decoding_gives_the_eager_logits(method):
+@pytest.mark.parametrize("method", ["int4", "int8-dynamic", "native"])
+def test_compiled_decoding_through_other_kernels_gives_the_eager_logits(method, request):
     """int4's kernel lowers into the frozen graph (its packed codes as constants); int8-dynamic's FBGEMM matmul is an
-    opaque op, packed before the step compiles. Either way the compiled step computes what the eager one does."""
+    opaque op, packed before the step compiles; our native matrix-vector product (aiayn.inference.gemv) is an opaque
+    op over the frozen fp32 weight. Each way the compiled step computes what the eager one does."""
+    from aiayn.inference.precision import PackedLinear, replace_linears
     from aiayn.inference.quantization import quantize
 
     if method == "int4" and not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
         pytest.skip("no int4 CPU kernel in this torch")
-    model = quantize(gpt("rotary", n_layers=2), method)
+    if method == "native":
+        request.getfixturevalue("native_gemv")  # skips where it does not build
+        model = gpt("rotary", n_layers=2)
+        linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        model = replace_linears(model, linears, lambda name, linear: PackedLinear(linear, one="native", many="plain"))
+    else:
+        model = quantize(gpt("rotary", n_layers=2), method)
     ids = torch.tensor(random_rows([4]))
     feed = torch.tensor(random_rows([6], seed=4)[0])[:, None]
     torch.testing.assert_close(_teacher_forced(CausalLMDecoder(model, compile=True), ids, None, feed, 8),

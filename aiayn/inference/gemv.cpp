@@ -1,0 +1,131 @@
+// One row through a Linear layer, y = W x + b: the matrix-vector product of batch-1 decoding (aiayn/inference/gemv.py),
+// over fp32, bf16 or int8 weights (int8: times a scale per row).
+//
+// It reads the whole weight for two flops per weight, so its speed is the rate at which the threads stream the
+// weight from memory. Each output feature is the dot product of one contiguous weight row with x (x stays in the
+// L1 cache); torch's threads take contiguous blocks of rows, so each streams its own part of the weight front to
+// back, the pattern the hardware prefetchers follow best. Built on the machine that runs it (-march=native), so the
+// vector width is this CPU's: AVX-512, AVX2 with FMA, or what the compiler vectorises by itself.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// Sixteen (AVX-512) or eight (AVX2) weights from w + k, widened to fp32: fp32 as they are, bf16 by a shift into the
+// high half (exact), int8 by sign extension and conversion (exact; the row's scale is applied to the sum).
+#if defined(__AVX512F__)
+inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
+inline __m512 load16(const at::BFloat16* w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), 16));
+}
+inline __m512 load16(const int8_t* w) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)))); }
+#elif defined(__AVX2__) && defined(__FMA__)
+inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+inline __m256 load8(const at::BFloat16* w) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))), 16));
+}
+inline __m256 load8(const int8_t* w) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)))); }
+#endif
+
+// The dot product of one weight row with x (fp32), in four independent partial sums (so the additions do not wait on
+// one another), then summed.
+template <typename W>
+inline float dot(const W* __restrict w, const float* __restrict x, int64_t n) {
+  int64_t k = 0;
+  float sum = 0.f;
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  for (; k + 64 <= n; k += 64) {
+    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+    a2 = _mm512_fmadd_ps(load16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+    a3 = _mm512_fmadd_ps(load16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+  }
+  for (; k + 16 <= n; k += 16) a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (; k + 32 <= n; k += 32) {
+    a0 = _mm256_fmadd_ps(load8(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(load8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(load8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(load8(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+  }
+  for (; k + 8 <= n; k += 8) a0 = _mm256_fmadd_ps(load8(w + k), _mm256_loadu_ps(x + k), a0);
+  __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  sum = _mm_cvtss_f32(h);
+#endif
+  for (; k < n; ++k) sum += static_cast<float>(w[k]) * x[k];
+  return sum;
+}
+
+template <typename W>
+void rows(const W* w, const float* x, const float* scale, const float* bias, float* y, int64_t out, int64_t in) {
+  // At least 32 Ki weights a block: a small layer runs on one thread rather than pay for waking the others.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in, 1));
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const float d = dot(w + o * in, x, in);
+      y[o] = (scale ? scale[o] * d : d) + (bias ? bias[o] : 0.f);
+    }
+  });
+}
+
+// y (out,) = scale * (weight x) + bias for one row x of in elements (any shape), weight (out, in) row-major:
+// fp32 or bf16 weights (no scale), or int8 with an fp32 scale per row; x fp32 or bf16, y in x's dtype.
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
+                const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "aiayn_native::gemv: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "aiayn_native::gemv: x must be float32 or bfloat16, got ",
+              x.scalar_type());
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "aiayn_native::gemv: weight must be a contiguous (out, in) matrix");
+  const at::ScalarType wtype = weight.scalar_type();
+  const bool scaled = scale.has_value() && scale->defined();
+  TORCH_CHECK(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kChar, "aiayn_native::gemv: weight must be float32, ",
+              "bfloat16 or int8, got ", wtype);
+  TORCH_CHECK(scaled == (wtype == at::kChar), "aiayn_native::gemv: a scale goes with int8 weights, and only with them");
+  const int64_t out = weight.size(0), in = weight.size(1);
+  TORCH_CHECK(x.numel() == in, "aiayn_native::gemv: x has ", x.numel(), " elements, the weight takes ", in);
+  const at::Tensor row = x.to(at::kFloat).contiguous();  // no copy for fp32
+  at::Tensor s, b;
+  if (scaled) {
+    s = scale->to(at::kFloat).contiguous();
+    TORCH_CHECK(s.numel() == out, "aiayn_native::gemv: scale must have ", out, " elements, got ", s.numel());
+  }
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == out, "aiayn_native::gemv: bias must have ", out, " elements, got ", b.numel());
+  }
+  at::Tensor y = at::empty({out}, x.options().dtype(at::kFloat));
+  const float* xp = row.const_data_ptr<float>();
+  const float* sp = scaled ? s.const_data_ptr<float>() : nullptr;
+  const float* bp = b.defined() ? b.const_data_ptr<float>() : nullptr;
+  float* yp = y.mutable_data_ptr<float>();
+  if (wtype == at::kFloat) {
+    rows(weight.const_data_ptr<float>(), xp, sp, bp, yp, out, in);
+  } else if (wtype == at::kBFloat16) {
+    rows(weight.const_data_ptr<at::BFloat16>(), xp, sp, bp, yp, out, in);
+  } else {
+    rows(weight.const_data_ptr<int8_t>(), xp, sp, bp, yp, out, in);
+  }
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(aiayn_native, m) {
+  m.def("gemv(Tensor x, Tensor weight, Tensor? scale, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(aiayn_native, CPU, m) {
+  m.impl("gemv", &gemv);
+}

@@ -1,0 +1,145 @@
+"""Our matrix-vector product for one row through an fp32 Linear layer (batch-1 decoding), built on this machine.
+
+A one-token step reads every weight once for two flops each: its speed is how fast the weights stream from memory.
+oneDNN's packed kernel and MKL's sgemm are general matrix products asked to do a matrix-vector one; the kernel in
+``gemv.cpp`` does only that (each output is one contiguous weight row dotted with the input, the rows in blocks
+over torch's threads), as llama.cpp does. In a GPT-2-small chain of 49 products it streamed 1.2x faster than oneDNN's
+packed kernel on a Zen 5 EPYC (``docs/benchmarks.md``); whether it wins is timed per shape, beside the others, on
+each machine (:mod:`aiayn.inference.kernel_choice`).
+
+The source is compiled once per CPU, compiler flags and torch version (``-march=native``: this CPU's vector width)
+into the user cache, ``$XDG_CACHE_HOME/aiayn/native/`` (a few seconds; logged), and loaded as the torch operator
+``aiayn_native::gemv``, which ``torch.compile`` graphs call as they are (where Inductor writes AVX-512 code:
+:data:`IN_GRAPHS`). Without a C++ compiler, or where the build
+fails, :func:`available` says so once in a warning and the kernel is not a candidate.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.checkpoint.atomic_io import temporary_sibling
+from aiayn.cpu import cpu_key
+from aiayn.environment import user_cache_dir
+
+__all__ = ["DTYPES", "IN_GRAPHS", "available", "gemv_int8", "gemv_linear", "unavailable_reason", "SOURCE"]
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("gemv.cpp")
+BUILD_TIMEOUT_S = 600
+
+
+DTYPES = (torch.float32, torch.bfloat16)  # the floating-point weights it takes (x of the same dtype)
+# Whether compiled graphs call it: set at load, where Inductor writes AVX-512 code. Under its AVX2 code (checked with
+# ATEN_CPU_CAPABILITY=avx2 on a Zen 5 EPYC, 2026-12-04) a compiled decode step around it gave NaN or wrong logits,
+# frozen or not, while the kernel alone and a small compiled graph were right: there a graph takes the layer's
+# other kernel (aiayn.inference.quantization.avx512_graphs has the same story for int4 and int8).
+IN_GRAPHS = False
+
+
+def gemv_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(x, weight, bias)`` for one row ``x (..., in)`` of fp32 or bf16 (the weight's dtype), through
+    ``aiayn_native::gemv`` (call only where :func:`available`); other dtypes and a non-contiguous weight take
+    ``F.linear``."""
+    if x.dtype != weight.dtype or weight.dtype not in DTYPES or not weight.is_contiguous():
+        return F.linear(x, weight, bias)
+    return torch.ops.aiayn_native.gemv(x, weight, None, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def gemv_int8(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
+    """One row ``x (..., in)`` (fp32 or bf16) through int8 ``weight (out, in)`` times its fp32 ``scale (out,)``, plus
+    ``bias``: ``x (W * scale)^T + b`` in ``x``'s dtype, the sums in fp32 (call only where :func:`available`)."""
+    return torch.ops.aiayn_native.gemv(x, weight, scale, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def available() -> bool:
+    """Whether ``aiayn_native::gemv`` is loaded here, building it first if it was never built for this machine."""
+    return _load() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot run here (no compiler, a failed build), or ``None`` when it can."""
+    return _load()
+
+
+@functools.cache
+def _load() -> str | None:
+    """Build (once per machine) and load the operator; ``None`` on success, else the reason, warned once."""
+    if sys.platform != "linux":
+        return _unavailable(f"built on Linux only (this is {sys.platform})")
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        return _unavailable("no C++ compiler (c++ or g++, or $CXX) on PATH")
+    flags = _flags()
+    digest = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, cpu_key(), compiler, *flags]).encode()).hexdigest()[:16]
+    library = user_cache_dir() / "native" / f"gemv-{digest}.so"
+    if not library.exists():
+        try:
+            _build(compiler, flags, library)
+        except (OSError, subprocess.SubprocessError) as err:
+            return _unavailable(f"building {SOURCE.name} with {compiler} failed: {_last_lines(err)}")
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as err:
+        return _unavailable(f"loading {library} failed: {err}")
+    torch.library.register_fake("aiayn_native::gemv")(_fake)
+    from aiayn.inference.quantization import avx512_graphs  # here: quantization imports this module
+
+    global IN_GRAPHS
+    IN_GRAPHS = avx512_graphs()
+    return None
+
+
+def _fake(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None) -> Tensor:
+    """The operator's output shape and dtype without running it (what ``torch.compile`` traces)."""
+    return x.new_empty(weight.shape[0])
+
+
+def _flags() -> list[str]:
+    """The compiler's flags: optimised for this CPU, OpenMP (torch's threads), and the ABI and headers of this torch."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    arch = ["-march=native"] if platform.machine().lower() in ("x86_64", "amd64") else ["-mcpu=native"]
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return ["-O3", *arch, "-fopenmp", "-fPIC", "-shared", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *(f"-I{p}" for p in include_paths()), *(f"-L{p}" for p in library_paths()),
+            *(f"-Wl,-rpath,{p}" for p in library_paths())]
+
+
+def _build(compiler: str, flags: list[str], library: Path) -> None:
+    """Compile :data:`SOURCE` into ``library``, atomically (a build that fails or is killed leaves nothing behind)."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(library)
+    log.info("building aiayn's matrix-vector kernel for this CPU (%s), once, into %s", cpu_key(), library)
+    start = time.perf_counter()
+    try:
+        subprocess.run([compiler, str(SOURCE), "-o", str(tmp), *flags, "-ltorch", "-ltorch_cpu", "-lc10"],
+                       check=True, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        os.replace(tmp, library)
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("built %s in %.1f s", library.name, time.perf_counter() - start)
+
+
+def _last_lines(err: BaseException, lines: int = 5) -> str:
+    text = getattr(err, "stderr", None) or str(err)
+    return " | ".join(str(text).strip().splitlines()[-lines:])
+
+
+def _unavailable(reason: str) -> str:
+    log.warning("aiayn's native matrix-vector kernel is not used here: %s (oneDNN and MKL are timed without it)", reason)
+    return reason

@@ -1,0 +1,104 @@
+"""Our matrix-vector kernel (aiayn.inference.gemv): F.linear's product in float64 to fp32 rounding, for every width
+its vector loops and their tails meet, on one thread and two, over fp32, bf16 and int8 weights (an int8 layer's one
+row is its dequantised product); greedy decoding through it gives F.linear's tokens; it refuses what it cannot take,
+naming what works; a failed build leaves nothing behind and says why."""
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn.inference import gemv
+from aiayn.inference.precision import PackedLinear, replace_linears
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_product_is_float64s_to_fp32_rounding(native_gemv, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        # widths: below one vector, a vector's tail, AVX2's and AVX-512's blocks and their tails; rows: 1 to 2 blocks
+        for out_features, in_features in [(1, 1), (3, 5), (17, 100), (40, 64), (9, 200), (1100, 768), (7, 3072)]:
+            w, b = torch.randn(out_features, in_features), torch.randn(out_features)
+            for x in (torch.randn(in_features), torch.randn(1, 1, in_features)):
+                for bias in (b, None):
+                    y = gemv.gemv_linear(x, w, bias)
+                    ref = torch.nn.functional.linear(x.double(), w.double(), None if bias is None else bias.double())
+                    assert y.shape == ref.shape and y.dtype == torch.float32
+                    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * in_features ** 0.5)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_bf16_weights_and_int8_weights_with_their_scales(native_gemv):
+    torch.manual_seed(0)
+    for out_features, in_features in [(3, 5), (17, 100), (1100, 768)]:
+        x, bias = torch.randn(1, in_features), torch.randn(out_features)
+        w = torch.randn(out_features, in_features).bfloat16()
+        y = gemv.gemv_linear(x.bfloat16(), w, bias.bfloat16())
+        ref = torch.nn.functional.linear(x.bfloat16().double(), w.double(), bias.bfloat16().double())
+        assert y.dtype == torch.bfloat16
+        torch.testing.assert_close(y.double(), ref, rtol=1e-2, atol=1e-2)  # the sums in fp32, the output rounded to bf16
+        q = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8)
+        scale = torch.rand(out_features) / 64
+        ref = torch.nn.functional.linear(x.double(), q.double() * scale.double()[:, None], bias.double())
+        torch.testing.assert_close(gemv.gemv_int8(x, q, scale, bias).double(), ref, rtol=1e-5, atol=1e-5)
+        assert gemv.gemv_int8(x.bfloat16(), q, scale, None).dtype == torch.bfloat16
+
+
+def test_an_int8_layer_through_it_computes_its_dequantized_weight(native_gemv):
+    from aiayn.inference.quantization import Int8Linear
+
+    torch.manual_seed(0)
+    layer = Int8Linear.from_linear(nn.Linear(96, 40))
+    layer.one = "native"
+    x = torch.randn(1, 1, 96)
+    with torch.no_grad():  # one row in fp32: no bf16 activations, so the fp32 product of the int8 grid
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.dequantized(), layer.bias), rtol=1e-5, atol=1e-5)
+        rows = torch.randn(3, 96)  # several rows: torch's kernel, as before
+        torch.testing.assert_close(layer(rows), torch.nn.functional.linear(rows, layer.dequantized(), layer.bias), rtol=2e-2, atol=2e-2)
+
+
+def test_other_dtypes_and_strided_weights_take_f_linear(native_gemv):
+    w = torch.randn(8, 6)
+    x = torch.randn(1, 6)
+    torch.testing.assert_close(gemv.gemv_linear(x, w.t().contiguous().t(), None), x @ w.t())  # a transposed view
+    torch.testing.assert_close(gemv.gemv_linear(x.double(), w.double(), None), x.double() @ w.double().t())
+
+
+def test_greedy_decoding_through_it_gives_f_linears_tokens(native_gemv):
+    from aiayn import build_model
+    from aiayn.decoding import CausalLMDecoder, GenerationConfig, generate
+
+    torch.manual_seed(0)
+    plain = build_model("tiny-decoder-only", vocab_size=50, bias=True).eval()
+    native = copy.deepcopy(plain)
+    linears = [(n, m) for n, m in native.named_modules() if isinstance(m, nn.Linear)]
+    replace_linears(native, linears, lambda name, linear: PackedLinear(linear, one="native", many="plain"))
+    prompt = torch.randint(4, 50, (2, 5))
+    config = GenerationConfig(max_new_tokens=12, greedy=True, eos_id=None)
+    outs = [generate(CausalLMDecoder(m, static_cache=True), prompt, None, config) for m in (native, plain)]
+    assert outs[0].sequences() == outs[1].sequences()
+    with torch.no_grad():
+        torch.testing.assert_close(native(prompt[:1, :1]), plain(prompt[:1, :1]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_refuses_the_kernel_where_it_cannot_run(monkeypatch):
+    with pytest.raises(ValueError, match=r"one='native' takes float32 or bfloat16 weights, got torch.float16 \(use packed, plain or split\)"):
+        PackedLinear(nn.Linear(4, 4).to(torch.float16), one="native")
+    monkeypatch.setattr("aiayn.inference.gemv.unavailable_reason", lambda: "no C++ compiler (c++ or g++, or $CXX) on PATH")
+    with pytest.raises(ValueError, match=r"one='native' cannot run here: no C\+\+ compiler .* \(use packed, plain or split\)"):
+        PackedLinear(nn.Linear(4, 4), one="native")
+
+
+def test_a_failed_build_says_why_and_leaves_no_file(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
+    with caplog.at_level(logging.WARNING, logger="aiayn.inference.gemv"):
+        reason = gemv._load.__wrapped__()  # the uncached build: the process's own loaded kernel is untouched
+    assert reason is not None and reason.startswith("building gemv.cpp with false failed")
+    assert "not used here: building gemv.cpp with false failed" in caplog.text
+    assert not list((tmp_path / "aiayn" / "native").iterdir())  # no half-written library
