@@ -20,7 +20,8 @@ or ``math``.
 
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack; in
 training, oneDNN), ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several;
-in training, ``F.linear``).
+in training, ``F.linear``); weight-only int8 layers take torch's kernel under each of them (:func:`choose_int8_kernels`).
+None of them builds the native kernel.
 """
 
 from __future__ import annotations
