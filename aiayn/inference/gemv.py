@@ -1,11 +1,12 @@
-"""Our matrix-vector product for one row through an fp32 Linear layer (batch-1 decoding), built on this machine.
+"""Our matrix-vector product for one row through an fp32, bf16 or weight-only int8 Linear layer (batch-1 decoding),
+built on this machine.
 
 A one-token step reads every weight once for two flops each: its speed is how fast the weights stream from memory.
 oneDNN's packed kernel and MKL's sgemm are general matrix products asked to do a matrix-vector one; the kernel in
 ``gemv.cpp`` does only that (each output is one contiguous weight row dotted with the input, the rows in blocks
-over torch's threads), as llama.cpp does. In a GPT-2-small chain of 49 products it streamed 1.2x faster than oneDNN's
-packed kernel on a Zen 5 EPYC (``docs/benchmarks.md``); whether it wins is timed per shape, beside the others, on
-each machine (:mod:`aiayn.inference.kernel_choice`).
+over torch's threads), as llama.cpp does. Decoding GPT-2 small on a Zen 5 EPYC it took our fp32 speed from 0.81 to
+0.85-0.93 of llama.cpp's F32 and weight-only int8 from 0.71 to 0.95 of its Q8_0 (``docs/benchmarks.md``); whether it
+wins is timed per shape, beside the others, on each machine (:mod:`aiayn.inference.kernel_choice`).
 
 The source is compiled once per CPU, compiler flags and torch version (``-march=native``: this CPU's vector width)
 into the user cache, ``$XDG_CACHE_HOME/aiayn/native/`` (a few seconds; logged), and loaded as the torch operator
@@ -35,7 +36,7 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "IN_GRAPHS", "available", "gemv_int8", "gemv_linear", "unavailable_reason", "SOURCE"]
+__all__ = ["DTYPES", "IN_GRAPHS", "available", "gemv_int8", "gemv_linear", "may_run", "unavailable_reason", "SOURCE"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,12 @@ DTYPES = (torch.float32, torch.bfloat16)  # the floating-point weights it takes 
 # frozen or not, while the kernel alone and a small compiled graph were right: there a graph takes the layer's
 # other kernel (aiayn.inference.quantization.avx512_graphs has the same story for int4 and int8).
 IN_GRAPHS = False
+
+
+def may_run() -> bool:
+    """Whether a call made now may take the kernel: always eagerly; in a graph being compiled only where
+    :data:`IN_GRAPHS` (the layers' one rule; Dynamo reads it as a constant)."""
+    return IN_GRAPHS or not torch.compiler.is_compiling()
 
 
 def gemv_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

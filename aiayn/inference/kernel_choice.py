@@ -1,7 +1,7 @@
 """Which kernel runs each Linear layer at inference, decided by timing the candidates on this machine.
 
 For one row (batch-1 decoding), MKL's sgemm through ``F.linear``, oneDNN over a weight packed once, the
-weight's rows split over torch's threads (:mod:`aiayn.inference.split_linear`) and, for fp32, our own
+weight's rows split over torch's threads (:mod:`aiayn.inference.split_linear`) and, for fp32 and bf16, our own
 matrix-vector product built on this machine (:mod:`aiayn.inference.gemv`) trade places by CPU and shape:
 oneDNN was 1.8x faster than MKL through GPT-2's output projection on an AVX2 AMD EPYC, MKL 1.36x faster for
 768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked the winner on both, so
@@ -56,7 +56,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ENV_VAR = "AIAYN_LINEAR_KERNEL"
-ONE_ROW = ("plain", "packed", "split", "native")  # the kernels for one row (native: fp32, where it builds)
+ONE_ROW = ("plain", "packed", "split", "native")  # the kernels for one row (native: fp32 and bf16, where it builds)
 MANY_ROWS = ("plain", "packed")  # and for several rows
 KERNELS = tuple(f"{one}/{many}" for one in ONE_ROW for many in MANY_ROWS)  # a choice: "<one row>/<several rows>"
 OVERRIDES = {"packed": "packed/packed", "plain": "plain/plain", "split": "split/plain"}
@@ -101,7 +101,7 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
         return choice, (", ".join(f"{name} {one[name]:.3f}" for name in names) + " ms (1 row); "
                         + ", ".join(f"{name} {many[name]:.3f}" for name in MANY_ROWS) + f" ms ({rows} rows) -> {choice}")
 
-    # A cached choice of the native kernel holds only where it still loads (and for fp32): else timed again.
+    # A cached choice of the native kernel holds only where it still loads (and for fp32 and bf16): else timed again.
     native = gemv_available() if any(w.dtype in GEMV_DTYPES for w in weights) else False
     valid = KERNELS if native else tuple(k for k in KERNELS if not k.startswith("native/"))
     shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows" for w in weights]

@@ -162,7 +162,7 @@ class PackedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if kernel == "split":
             return split_linear(x, self.weight, self.bias, self.parts)
-        if kernel == "native" and (gemv.IN_GRAPHS or not torch.compiler.is_compiling()):
+        if kernel == "native" and gemv.may_run():
             return gemv.gemv_linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
             # A graph holds oneDNN's packed tensor only as a constant (Inductor's freezing, as the compiled decode step

@@ -186,8 +186,7 @@ class Int8Linear(nn.Module):
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (but one row through
         the native kernel: fp32), and the bias is added in its own dtype (the model's) as the output widens back to it
         (one op, no cast of the bias)."""
-        if self.one == "native" and x.numel() == self.in_features and x.dtype in gemv.DTYPES and (
-                gemv.IN_GRAPHS or not torch.compiler.is_compiling()):
+        if self.one == "native" and x.numel() == self.in_features and x.dtype in gemv.DTYPES and gemv.may_run():
             return gemv.gemv_int8(x, self.weight, self.scale, self.bias)
         compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         flat = x.reshape(-1, self.in_features).to(compute)  # (M, K): the kernel takes 2-D inputs
