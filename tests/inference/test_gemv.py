@@ -49,6 +49,22 @@ def test_bf16_weights_and_int8_weights_with_their_scales(native_gemv):
         assert gemv.gemv_int8(x.bfloat16(), q, scale, None).dtype == torch.bfloat16
 
 
+def test_a_bf16_row_gives_the_fp32_sums_rounded_once_to_bf16(native_gemv):
+    """The kernel widens a bf16 row and bias itself and writes bf16: bit for bit the fp32 product of the same values
+    (bf16 to fp32 is exact, and the sums run in the same order) rounded to bf16, whatever the bias's dtype."""
+    torch.manual_seed(0)
+    for out_features, in_features in [(3, 5), (17, 100), (1100, 768)]:
+        x = torch.randn(1, in_features).bfloat16()
+        w = torch.randn(out_features, in_features).bfloat16()
+        q, scale = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8), torch.rand(out_features) / 64
+        for bias in (None, torch.randn(out_features).bfloat16(), torch.randn(out_features)):
+            wide = None if bias is None else bias.float()
+            y = gemv.gemv_linear(x, w, bias)
+            assert y.dtype == torch.bfloat16
+            assert torch.equal(y, gemv.gemv_linear(x.float(), w.float(), wide).bfloat16())
+            assert torch.equal(gemv.gemv_int8(x, q, scale, bias), gemv.gemv_int8(x.float(), q, scale, wide).bfloat16())
+
+
 def test_an_int8_layer_through_it_computes_its_dequantized_weight(native_gemv):
     from aiayn.inference.quantization import Int8Linear
 
