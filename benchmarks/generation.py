@@ -344,7 +344,8 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
     """ms per ``x (rows, 768) @ W^T`` with ``W (out_features, 768)`` -> (median, best), for fp32 as ``nn.Linear``
     runs it (MKL's sgemm), fp32 and bf16 packed once for oneDNN (``PackedLinear``), bf16 plain, int8 (weight-only, bf16
     activations) and int8-dynamic (FBGEMM, int8 activations); for one row also our native kernel over fp32, bf16 and
-    int8 weights (fp32 activations for int8), where it builds."""
+    int8 weights (fp32 activations for int8), without and with prefetching, where it builds. The same layer is called
+    again, so a weight that fits the cache is timed hot: the decoding rows are the model's case."""
     from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.quantization import Int8Linear as Int8
 
@@ -358,11 +359,12 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
     cases["int8"] = (Int8.from_linear(linear), x_bf16)
     cases["int8-dynamic"] = (Int8DynamicLinear.from_linear(linear), x)
     if rows == 1 and gemv.available():  # our matrix-vector kernel, built on this machine (aiayn.inference.gemv)
-        cases["fp32 native"] = (PackedLinear(linear, one="native", many="plain"), x)
-        cases["bf16 native"] = (PackedLinear(bf16, one="native", many="plain"), x_bf16)
-        int8_native = Int8.from_linear(linear)
-        int8_native.one = "native"
-        cases["int8 native"] = (int8_native, x)
+        for kernel in gemv.KERNELS:  # without and with prefetching
+            cases[f"fp32 {kernel}"] = (PackedLinear(linear, one=kernel, many="plain"), x)
+            cases[f"bf16 {kernel}"] = (PackedLinear(bf16, one=kernel, many="plain"), x_bf16)
+            int8_native = Int8.from_linear(linear)
+            int8_native.one = kernel
+            cases[f"int8 {kernel}"] = (int8_native, x)
     times: dict[str, list[float]] = {name: [] for name in cases}
     with torch.no_grad():
         for _ in range(repeats):

@@ -6,6 +6,10 @@
 // L1 cache); torch's threads take contiguous blocks of rows, so each streams its own part of the weight front to
 // back, the pattern the hardware prefetchers follow best. Built on the machine that runs it (-march=native), so the
 // vector width is this CPU's: AVX-512, AVX2 with FMA, or what the compiler vectorises by itself.
+//
+// Where the hardware prefetchers alone keep too few lines in flight, asking for each line `prefetch` bytes ahead
+// into L2 streams faster (on an AMX Xeon, 16 KiB ahead: bf16 1.5x, fp32 1.1-1.2x; docs/benchmarks.md). Whether it
+// pays is timed per machine and shape with the other kernels (aiayn/inference/kernel_choice.py), 0 for none.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -35,15 +39,21 @@ inline __m256 load8(const at::BFloat16* w) {
 inline __m256 load8(const int8_t* w) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)))); }
 #endif
 
+// Ask for the cache lines of `bytes` bytes at p into L2 (a hint: no fault past the end of the weight).
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, 2);
+}
+
 // The dot product of one weight row with x (fp32), in four independent partial sums (so the additions do not wait on
-// one another), then summed.
+// one another), then summed; `ahead` > 0 prefetches the weights that many bytes ahead.
 template <typename W>
-inline float dot(const W* __restrict w, const float* __restrict x, int64_t n) {
+inline float dot(const W* __restrict w, const float* __restrict x, int64_t n, int64_t ahead) {
   int64_t k = 0;
   float sum = 0.f;
 #if defined(__AVX512F__)
   __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
   for (; k + 64 <= n; k += 64) {
+    if (ahead) prefetch_l2(reinterpret_cast<const char*>(w + k) + ahead, 64 * sizeof(W));
     a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
     a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
     a2 = _mm512_fmadd_ps(load16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
@@ -54,6 +64,7 @@ inline float dot(const W* __restrict w, const float* __restrict x, int64_t n) {
 #elif defined(__AVX2__) && defined(__FMA__)
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
   for (; k + 32 <= n; k += 32) {
+    if (ahead) prefetch_l2(reinterpret_cast<const char*>(w + k) + ahead, 32 * sizeof(W));
     a0 = _mm256_fmadd_ps(load8(w + k), _mm256_loadu_ps(x + k), a0);
     a1 = _mm256_fmadd_ps(load8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
     a2 = _mm256_fmadd_ps(load8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
@@ -71,12 +82,12 @@ inline float dot(const W* __restrict w, const float* __restrict x, int64_t n) {
 }
 
 template <typename W, typename B, typename Y>
-void rows(const W* w, const float* x, const float* scale, const B* bias, Y* y, int64_t out, int64_t in) {
+void rows(const W* w, const float* x, const float* scale, const B* bias, Y* y, int64_t out, int64_t in, int64_t ahead) {
   // At least 32 Ki weights a block: a small layer runs on one thread rather than pay for waking the others.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in, 1));
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
-      const float d = dot(w + o * in, x, in);
+      const float d = dot(w + o * in, x, in, ahead);
       y[o] = static_cast<Y>((scale ? scale[o] * d : d) + (bias ? static_cast<float>(bias[o]) : 0.f));  // bf16: rounded to nearest even
     }
   });
@@ -84,14 +95,15 @@ void rows(const W* w, const float* x, const float* scale, const B* bias, Y* y, i
 
 // The typed pointers of one call: weight fp32, bf16 or int8; bias none, fp32 or bf16; y fp32 or bf16.
 template <typename Y>
-void typed(const at::Tensor& weight, const float* x, const float* scale, const at::Tensor& bias, Y* y, int64_t out, int64_t in) {
+void typed(const at::Tensor& weight, const float* x, const float* scale, const at::Tensor& bias, Y* y, int64_t out, int64_t in,
+           int64_t ahead) {
   auto with_bias = [&](const auto* w) {
     if (!bias.defined()) {
-      rows(w, x, scale, static_cast<const float*>(nullptr), y, out, in);
+      rows(w, x, scale, static_cast<const float*>(nullptr), y, out, in, ahead);
     } else if (bias.scalar_type() == at::kBFloat16) {
-      rows(w, x, scale, bias.const_data_ptr<at::BFloat16>(), y, out, in);
+      rows(w, x, scale, bias.const_data_ptr<at::BFloat16>(), y, out, in, ahead);
     } else {
-      rows(w, x, scale, bias.const_data_ptr<float>(), y, out, in);
+      rows(w, x, scale, bias.const_data_ptr<float>(), y, out, in, ahead);
     }
   };
   if (weight.scalar_type() == at::kFloat) {
@@ -110,11 +122,12 @@ at::Tensor float_or_bf16(const at::Tensor& t) {
 }
 
 // y (out,) = scale * (weight x) + bias for one row x of in elements (any shape), weight (out, in) row-major:
-// fp32 or bf16 weights (no scale), or int8 with an fp32 scale per row; x fp32 or bf16, y in x's dtype.
+// fp32 or bf16 weights (no scale), or int8 with an fp32 scale per row; x fp32 or bf16, y in x's dtype; the weights
+// prefetched `prefetch` bytes ahead (0: none).
 // One allocation (y) and no other torch operator a call: a bf16 x is widened here, and y written in its dtype
 // (through torch's conversions, three more operators a call took 0.48 ms of a 4.9 ms bf16 GPT-2 token).
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
-                const std::optional<at::Tensor>& bias) {
+                const std::optional<at::Tensor>& bias, int64_t prefetch) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "aiayn_native::gemv: CPU tensors only");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "aiayn_native::gemv: x must be float32 or bfloat16, got ",
               x.scalar_type());
@@ -126,6 +139,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
   TORCH_CHECK(scaled == (wtype == at::kChar), "aiayn_native::gemv: a scale goes with int8 weights, and only with them");
   const int64_t out = weight.size(0), in = weight.size(1);
   TORCH_CHECK(x.numel() == in, "aiayn_native::gemv: x has ", x.numel(), " elements, the weight takes ", in);
+  TORCH_CHECK(prefetch >= 0, "aiayn_native::gemv: prefetch is a distance in bytes, 0 or more, got ", prefetch);
   at::Tensor s, b;
   if (scaled) {
     s = scale->scalar_type() == at::kFloat ? scale->contiguous() : scale->to(at::kFloat).contiguous();
@@ -148,9 +162,9 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
   const float* sp = scaled ? s.const_data_ptr<float>() : nullptr;
   at::Tensor y = at::empty({out}, x.options());
   if (x.scalar_type() == at::kFloat) {
-    typed(weight, xp, sp, b, y.mutable_data_ptr<float>(), out, in);
+    typed(weight, xp, sp, b, y.mutable_data_ptr<float>(), out, in, prefetch);
   } else {
-    typed(weight, xp, sp, b, y.mutable_data_ptr<at::BFloat16>(), out, in);
+    typed(weight, xp, sp, b, y.mutable_data_ptr<at::BFloat16>(), out, in, prefetch);
   }
   return y;
 }
@@ -158,7 +172,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
 }  // namespace
 
 TORCH_LIBRARY(aiayn_native, m) {
-  m.def("gemv(Tensor x, Tensor weight, Tensor? scale, Tensor? bias) -> Tensor");
+  m.def("gemv(Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(aiayn_native, CPU, m) {

@@ -2,7 +2,8 @@
 
 For one row (batch-1 decoding), MKL's sgemm through ``F.linear``, oneDNN over a weight packed once, the
 weight's rows split over torch's threads (:mod:`aiayn.inference.split_linear`) and, for fp32 and bf16, our own
-matrix-vector product built on this machine (:mod:`aiayn.inference.gemv`) trade places by CPU and shape:
+matrix-vector product built on this machine (:mod:`aiayn.inference.gemv`), with and without prefetching the weights
+ahead, trade places by CPU and shape:
 oneDNN was 1.8x faster than MKL through GPT-2's output projection on an AVX2 AMD EPYC, MKL 1.36x faster for
 768 -> 3072 on an AMX Xeon (issue 27). No rule read off the CPU's name picked the winner on both, so
 :func:`choose_kernels` times them for each distinct shape, dtype and thread count, for one row and for
@@ -41,6 +42,7 @@ from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.cpu import cpu_key
 from aiayn.environment import env_choice, user_cache_dir
 from aiayn.inference.gemv import DTYPES as GEMV_DTYPES
+from aiayn.inference.gemv import KERNELS as GEMV_KERNELS
 from aiayn.inference.gemv import available as gemv_available
 from aiayn.inference.gemv import gemv_int8, gemv_linear
 from aiayn.inference.split_linear import split_linear, split_parts
@@ -56,7 +58,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ENV_VAR = "AIAYN_LINEAR_KERNEL"
-ONE_ROW = ("plain", "packed", "split", "native")  # the kernels for one row (native: fp32 and bf16, where it builds)
+ONE_ROW = ("plain", "packed", "split", *GEMV_KERNELS)  # the kernels for one row (native*: fp32 and bf16, where it builds)
 MANY_ROWS = ("plain", "packed")  # and for several rows
 KERNELS = tuple(f"{one}/{many}" for one in ONE_ROW for many in MANY_ROWS)  # a choice: "<one row>/<several rows>"
 OVERRIDES = {"packed": "packed/packed", "plain": "plain/plain", "split": "split/plain"}
@@ -77,8 +79,9 @@ def machine_key() -> str:
     """What a timing depends on besides the shape: the CPU (:func:`aiayn.cpu.cpu_key`: its name alone is shared by
     CPUs whose winners differ), torch's version and the thread count; "quiet" since choices timed under other work
     are no longer cached (the entries before, under the key without it, may hold such choices: they are timed again);
-    "native" since our matrix-vector kernel is a candidate (choices made without it are timed again with it)."""
-    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet | native"
+    "native" since our matrix-vector kernel is a candidate (choices made without it are timed again with it),
+    "prefetch" since its prefetching variant is one too."""
+    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet | native prefetch"
 
 
 def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
@@ -103,19 +106,19 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
 
     # A cached choice of the native kernel holds only where it still loads (and for fp32 and bf16): else timed again.
     native = gemv_available() if any(w.dtype in GEMV_DTYPES for w in weights) else False
-    valid = KERNELS if native else tuple(k for k in KERNELS if not k.startswith("native/"))
+    valid = KERNELS if native else tuple(k for k in KERNELS if k.split("/")[0] not in GEMV_KERNELS)
     shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows" for w in weights]
     return _cached(shapes, weights, valid, timed, "Linear kernels")
 
 
 def one_row_kernels(dtype: torch.dtype) -> tuple[str, ...]:
-    """The kernels timed for one row of ``dtype``: :data:`ONE_ROW`, less ``native`` for other dtypes than fp32 and
-    bf16 and where it does not build (:mod:`aiayn.inference.gemv`)."""
+    """The kernels timed for one row of ``dtype``: :data:`ONE_ROW`, less the native ones for other dtypes than fp32
+    and bf16 and where it does not build (:mod:`aiayn.inference.gemv`)."""
     native = dtype in GEMV_DTYPES and gemv_available()
-    return ONE_ROW if native else tuple(name for name in ONE_ROW if name != "native")
+    return ONE_ROW if native else tuple(name for name in ONE_ROW if name not in GEMV_KERNELS)
 
 
-INT8_ONE_ROW = ("torch", "native")  # weight-only int8, one row: torch's _weight_int8pack_mm, or our matrix-vector product
+INT8_ONE_ROW = ("torch", *GEMV_KERNELS)  # weight-only int8, one row: torch's _weight_int8pack_mm, or our matrix-vector product
 
 
 def choose_int8_kernels(weights: list[Tensor]) -> list[str]:
@@ -305,13 +308,16 @@ MAX_COPIES = 64
 
 
 def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int = 7) -> dict[str, float]:
-    """Milliseconds a call of ``rows`` rows through each kernel of ``names``: the fastest single call of ``rounds``
-    interleaved rounds (another process taking the core only ever adds time, so the minimum is the kernel's own).
+    """Milliseconds a call of ``rows`` rows through each kernel of ``names``: the mean call of a round, one call on
+    each copy of the weight, in the fastest of ``rounds`` interleaved rounds (another process taking the core only
+    ever adds time, so the fastest round is the kernel's own).
 
     Each call reads another copy of the weight, the copies together larger than the last-level cache, as in
     a model whose other layers evict this one between tokens: a weight timed hot in the cache favours the
     kernel that computes faster over the one that streams memory faster (a bf16 768 -> 3072 layer timed hot
-    chose F.linear, which then took 209 us a token in decoding against oneDNN's 65 us)."""
+    chose F.linear, which then took 209 us a token in decoding against oneDNN's 65 us). The mean of a round, not
+    the fastest single call: a call that finds its copy still in a cache is not the model's case (on an AMX Xeon
+    the fastest fp32 768 -> 768 call through MKL took 31 us, at 76 GB/s, against 51 us for its mean; 2026-12-05)."""
     w = weight.detach()
     size = w.numel() * w.element_size()
     copies = max(1, min(MAX_COPIES, -(-COLD_BYTES // size)))
@@ -325,10 +331,10 @@ def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int
             fns[-1]()
         for r in range(rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:  # each kernel first in turn
+                start = time.perf_counter()
                 for fn in runs[name]:
-                    start = time.perf_counter()
                     fn()
-                    times[name].append((time.perf_counter() - start) * 1e3)
+                times[name].append((time.perf_counter() - start) * 1e3 / copies)
     return {name: min(times[name]) for name in names}
 
 
@@ -360,8 +366,8 @@ def _kernel(name: str, weight: Tensor, x: Tensor) -> Callable[[], Tensor]:
     by :data:`INT8_ONE_ROW`'s (torch's computes in bf16, as :class:`~aiayn.inference.quantization.Int8Linear` does)."""
     if weight.dtype == torch.int8:
         scale = torch.ones(weight.shape[0])
-        if name == "native":
-            return lambda: gemv_int8(x, weight, scale, None)
+        if name in GEMV_KERNELS:
+            return lambda: gemv_int8(x, weight, scale, None, GEMV_KERNELS[name])
         xb, sb = x.bfloat16(), scale.bfloat16()
         return lambda: torch.ops.aten._weight_int8pack_mm(xb, weight, sb)
     if name == "packed":
@@ -370,6 +376,6 @@ def _kernel(name: str, weight: Tensor, x: Tensor) -> Callable[[], Tensor]:
     if name == "split":
         parts = split_parts()
         return lambda: split_linear(x, weight, None, parts)
-    if name == "native":
-        return lambda: gemv_linear(x, weight, None)
+    if name in GEMV_KERNELS:
+        return lambda: gemv_linear(x, weight, None, GEMV_KERNELS[name])
     return lambda: F.linear(x, weight)

@@ -102,23 +102,23 @@ class PackedLinear(nn.Linear):
     """An ``nn.Linear`` (same ``weight``/``bias`` parameters, same checkpoint keys) whose inference calls take the
     kernels timed fastest here: ``one`` for one-row calls, ``many`` for several rows, each ``"packed"`` (the weight
     also held packed for oneDNN; repacked if the weight changes), ``"plain"`` (``F.linear``) or, for one row,
-    ``"split"`` (:func:`~aiayn.inference.split_linear.split_linear`) or ``"native"`` (our matrix-vector product,
-    :mod:`aiayn.inference.gemv`; fp32 and bf16). Training (grad enabled) and other devices run the plain ``F.linear``.
+    ``"split"`` (:func:`~aiayn.inference.split_linear.split_linear`) or ``"native"`` / ``"native-prefetch"`` (our
+    matrix-vector product, :mod:`aiayn.inference.gemv`, without and with prefetching; fp32 and bf16). Training (grad enabled) and other devices run the plain ``F.linear``.
 
     Why in fp32 too: on CPUs where MKL's sgemm is slow for a few rows (AMD EPYC here: 1.8x slower for one row
     through the 50257-word output projection, 2.6x for eight), oneDNN's packed kernel reads the weight at
     memory speed; ``docs/benchmarks.md`` has the measurement. The cost is a second copy of each weight packed.
     """
 
-    KINDS = {"one": ("plain", "packed", "split", "native"), "many": ("plain", "packed")}
+    KINDS = {"one": ("plain", "packed", "split", *gemv.KERNELS), "many": ("plain", "packed")}
 
     def __init__(self, linear: nn.Linear, *, one: str = "packed", many: str = "packed") -> None:
         nn.Module.__init__(self)
         for name, kernel in (("one", one), ("many", many)):
             if kernel not in self.KINDS[name]:
                 raise ValueError(f"PackedLinear: {name} must be one of {', '.join(self.KINDS[name])}, got {kernel!r}")
-        if one == "native":
-            _check_native(linear.weight)
+        if one in gemv.KERNELS:
+            _check_native(linear.weight, one)
         self.one, self.many = one, many  # the kernels of one-row calls and of several-row calls
         self.parts = split_parts()  # the slices of a split call: set by the threads at load
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -162,8 +162,8 @@ class PackedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if kernel == "split":
             return split_linear(x, self.weight, self.bias, self.parts)
-        if kernel == "native" and gemv.may_run():
-            return gemv.gemv_linear(x, self.weight, self.bias)
+        if kernel in gemv.KERNELS and gemv.may_run():
+            return gemv.gemv_linear(x, self.weight, self.bias, gemv.KERNELS[kernel])
         if torch.compiler.is_compiling():
             # A graph holds oneDNN's packed tensor only as a constant (Inductor's freezing, as the compiled decode step
             # runs: aiayn.decoding.adapters.compiled_step), packed when the step was built; otherwise the plain matmul.
@@ -175,13 +175,13 @@ class PackedLinear(nn.Linear):
                 f"one row: {self.one}, several rows: {self.many}")
 
 
-def _check_native(weight: Tensor) -> None:
+def _check_native(weight: Tensor, one: str) -> None:
     """A ``ValueError`` unless our matrix-vector kernel can take ``weight`` here (fp32 or bf16, and built on this machine)."""
     if weight.dtype not in gemv.DTYPES:
-        raise ValueError(f"PackedLinear: one='native' takes float32 or bfloat16 weights, got {weight.dtype} (use packed, plain or split)")
+        raise ValueError(f"PackedLinear: one={one!r} takes float32 or bfloat16 weights, got {weight.dtype} (use packed, plain or split)")
     reason = gemv.unavailable_reason()
     if reason is not None:
-        raise ValueError(f"PackedLinear: one='native' cannot run here: {reason} (use packed, plain or split)")
+        raise ValueError(f"PackedLinear: one={one!r} cannot run here: {reason} (use packed, plain or split)")
 
 
 def pack_linears(model: nn.Module, rows: int | None = None) -> int:
@@ -213,7 +213,7 @@ def pack_linears(model: nn.Module, rows: int | None = None) -> int:
 
 def choose_int8_kernels(model: nn.Module) -> None:
     """Set each weight-only int8 layer's one-row kernel (``one``: torch's ``_weight_int8pack_mm`` or our native
-    matrix-vector product), timed once per shape and cached as the Linear kernels are."""
+    matrix-vector product, without or with prefetching), timed once per shape and cached as the Linear kernels are."""
     from aiayn.inference.kernel_choice import choose_int8_kernels as choose
     from aiayn.inference.quantization import Int8Linear
 

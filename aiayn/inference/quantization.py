@@ -149,8 +149,8 @@ class Int8Linear(nn.Module):
         self.kernel_scale: Tensor
         self.register_buffer("kernel_scale", torch.ones(out_features, dtype=torch.bfloat16, device=device), persistent=False)
         self._kernel_key: tuple = ()
-        # One-row calls (batch-1 decoding): "torch" (_weight_int8pack_mm, bf16 activations) or "native" (our
-        # matrix-vector product over the int8 rows, fp32 sums: aiayn.inference.gemv), set by the timed kernel choice
+        # One-row calls (batch-1 decoding): "torch" (_weight_int8pack_mm, bf16 activations) or "native" /
+        # "native-prefetch" (our matrix-vector product over the int8 rows, fp32 sums: aiayn.inference.gemv), set by the timed kernel choice
         # (aiayn.inference.precision.choose_int8_kernels); several rows always take torch's.
         self.one = "torch"
         self.register_load_state_dict_post_hook(lambda module, keys: module.repack())
@@ -186,8 +186,8 @@ class Int8Linear(nn.Module):
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (but one row through
         the native kernel: fp32), and the bias is added in its own dtype (the model's) as the output widens back to it
         (one op, no cast of the bias)."""
-        if self.one == "native" and x.numel() == self.in_features and x.dtype in gemv.DTYPES and gemv.may_run():
-            return gemv.gemv_int8(x, self.weight, self.scale, self.bias)
+        if self.one in gemv.KERNELS and x.numel() == self.in_features and x.dtype in gemv.DTYPES and gemv.may_run():
+            return gemv.gemv_int8(x, self.weight, self.scale, self.bias, gemv.KERNELS[self.one])
         compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         flat = x.reshape(-1, self.in_features).to(compute)  # (M, K): the kernel takes 2-D inputs
         if not torch.compiler.is_compiling() and self._key(compute) != self._kernel_key:

@@ -65,6 +65,26 @@ def test_a_bf16_row_gives_the_fp32_sums_rounded_once_to_bf16(native_gemv):
             assert torch.equal(gemv.gemv_int8(x, q, scale, bias), gemv.gemv_int8(x.float(), q, scale, wide).bfloat16())
 
 
+def test_prefetching_changes_no_bit_and_a_negative_distance_is_refused(native_gemv):
+    """The prefetching variant (the weights asked for ahead into L2) sums in the same order: the same bits, for every
+    weight dtype, as a layer set to ``native-prefetch`` gives; a distance below 0 is an error naming it."""
+    torch.manual_seed(0)
+    for out_features, in_features in [(3, 5), (17, 100), (1100, 768), (7, 3072)]:
+        x, bias = torch.randn(1, in_features), torch.randn(out_features)
+        w = torch.randn(out_features, in_features)
+        q, scale = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8), torch.rand(out_features) / 64
+        for ahead in (64, gemv.PREFETCH, 1 << 20):  # past the end of the weight too: a hint, no fault
+            assert torch.equal(gemv.gemv_linear(x, w, bias, ahead), gemv.gemv_linear(x, w, bias))
+            assert torch.equal(gemv.gemv_linear(x.bfloat16(), w.bfloat16(), None, ahead), gemv.gemv_linear(x.bfloat16(), w.bfloat16(), None))
+            assert torch.equal(gemv.gemv_int8(x, q, scale, bias, ahead), gemv.gemv_int8(x, q, scale, bias))
+    layer = PackedLinear(nn.Linear(768, 40), one="native-prefetch", many="plain")
+    x = torch.randn(1, 768)
+    with torch.no_grad():
+        assert torch.equal(layer(x), gemv.gemv_linear(x, layer.weight, layer.bias, gemv.PREFETCH))
+    with pytest.raises(RuntimeError, match="prefetch is a distance in bytes, 0 or more, got -64"):
+        gemv.gemv_linear(x, torch.randn(4, 768), None, -64)
+
+
 def test_an_int8_layer_through_it_computes_its_dequantized_weight(native_gemv):
     from aiayn.inference.quantization import Int8Linear
 

@@ -55,20 +55,23 @@ def test_the_faster_kernel_is_kept_per_shape_and_regime_and_cached(cache, monkey
     assert table[kernel_choice.machine_key()] == {"8->16 float32 1|8 rows": "packed/packed", "16->8 float32 1|8 rows": "split/plain"}
 
 
-def test_the_native_kernel_is_timed_for_fp32_where_it_builds_and_a_stale_choice_of_it_timed_again(native_gemv, cache, monkeypatch):
+@pytest.mark.parametrize("fastest", ["native", "native-prefetch"])
+def test_the_native_kernel_is_timed_for_fp32_where_it_builds_and_a_stale_choice_of_it_timed_again(fastest, native_gemv, cache,
+                                                                                                    monkeypatch):
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
     names_timed = []
 
     def timed(w, rows, names):
         names_timed.append((w.dtype, rows, names))
-        return {n: {"native": 1.0, "packed": 2.0}.get(n, 3.0) for n in names}
+        return {n: {fastest: 1.0, "packed": 2.0}.get(n, 3.0) for n in names}
 
     monkeypatch.setattr(kernel_choice, "_time_kernels", timed)
     model = three_layers()
     pack_linears(model)
-    assert kinds(model) == ["native/packed"] * 3
-    assert (torch.float32, 1, ("plain", "packed", "split", "native")) in names_timed
-    assert kernel_choice.one_row_kernels(torch.bfloat16) == ("plain", "packed", "split", "native")
+    assert kinds(model) == [f"{fastest}/packed"] * 3
+    native = ("plain", "packed", "split", "native", "native-prefetch")
+    assert (torch.float32, 1, native) in names_timed
+    assert kernel_choice.one_row_kernels(torch.bfloat16) == native
     assert kernel_choice.one_row_kernels(torch.float16) == ("plain", "packed", "split")  # not a candidate
     names_timed.clear()
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: False)  # e.g. the compiler is gone: the cached choice is stale
@@ -84,11 +87,11 @@ def test_int8_layers_take_the_faster_one_row_kernel_cached_and_the_override_take
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
     timed = []
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: timed.append((w.dtype, rows, names)) or
-                        {"torch": 2.0 if w.shape[0] == 16 else 1.0, "native": 1.5})
+                        {"torch": 2.0 if w.shape[0] == 16 else 1.0, "native": 1.5, "native-prefetch": 1.6})
     model = quantize_int8(three_layers())
     pack_linears(model)
     assert [m.one for m in model] == ["native", "torch", "native"]
-    assert timed == [(torch.int8, 1, ("torch", "native"))] * 2  # two shapes
+    assert timed == [(torch.int8, 1, ("torch", "native", "native-prefetch"))] * 2  # two shapes
     assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1 row"] == "native"
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed a shape the cache decides"))
     again = quantize_int8(three_layers())
@@ -118,7 +121,7 @@ def test_a_layer_runs_each_regime_through_its_own_kernel(monkeypatch):
     for x in (torch.randn(1, 1, 8), torch.randn(3, 8)):
         with torch.no_grad():
             torch.testing.assert_close(split(x), torch.nn.functional.linear(x, split.weight, split.bias))
-    with pytest.raises(ValueError, match="PackedLinear: one must be one of plain, packed, split, native, got 'two'"):
+    with pytest.raises(ValueError, match="PackedLinear: one must be one of plain, packed, split, native, native-prefetch, got 'two'"):
         PackedLinear(nn.Linear(8, 4), one="two")
     with pytest.raises(ValueError, match="PackedLinear: many must be one of plain, packed, got 'split'"):
         PackedLinear(nn.Linear(8, 4), many="split")
