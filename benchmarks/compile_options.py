@@ -2,8 +2,8 @@
 GPT-2-small shape (random weights, batch 1, prompt 16) with ``CausalLMDecoder(compile=True)`` as it is (weights
 frozen into the graph, oneDNN's packed weights as its constants: ``aiayn.decoding.adapters.compiled_step``), against
 the same step with Inductor's ``cpp_wrapper``, with Inductor packing plain ``nn.Linear`` weights itself
-(``inductor-pack``: ``cpp.weight_prepack``, no kernel timed at load), or with attention's formula (``backend="math"``)
-instead of the flash kernel; rounds interleaved in one process. docs/benchmarks.md (issue 27, item 5) has runs.
+(``inductor-pack``: ``cpp.weight_prepack``, no kernel timed at load), with attention's formula (``backend="math"``)
+instead of the flash kernel, or with the settings of :data:`SETTINGS`; rounds interleaved in one process. docs/benchmarks.md (issue 27, item 5) has runs.
 
     python benchmarks/compile_options.py --dtype fp32 --variants compiled,cppw,inductor-pack
     python benchmarks/compile_options.py --dtype bf16 --variants compiled,inductor-pack,compiled-math
@@ -29,13 +29,17 @@ from aiayn.decoding.adapters import CausalLMDecoder, compiled_step  # noqa: E402
 from aiayn.nn.multihead import MultiHeadAttention  # noqa: E402
 from aiayn.pretrained import prepare_for_inference  # noqa: E402
 
-VARIANTS = ("compiled", "cppw", "inductor-pack", "inductor-pack-cppw", "compiled-math")
+VARIANTS = ("compiled", "cppw", "inductor-pack", "inductor-pack-cppw", "compiled-math", "serial", "noasserts", "serial-noasserts")
+# Inductor settings a variant's name adds: "serial", no OpenMP region in the graph's own kernels (a one-token step's
+# elementwise work is a few thousand elements); "noasserts", no size and alignment checks in the Python wrapper.
+SETTINGS = {"serial": {"cpp.min_chunk_size": 1 << 20}, "noasserts": {"size_asserts": False, "alignment_asserts": False}}
 
 
 def decoder(model: torch.nn.Module, variant: str, dtype: str) -> CausalLMDecoder:
     """The model loaded as ``aiayn.load`` does (plain Linear layers for ``inductor-pack``), its step compiled as
     ``variant`` says."""
-    model = prepare_for_inference(copy.deepcopy(model), dtype=None if dtype == "fp32" else "bfloat16", pack="inductor-pack" not in variant)
+    model = prepare_for_inference(copy.deepcopy(model), dtype="bfloat16" if dtype == "bf16" else None,
+                                  quantize="int8" if dtype == "int8" else None, pack="inductor-pack" not in variant)
     if variant.endswith("-math"):
         for module in model.modules():
             if isinstance(module, MultiHeadAttention):
@@ -43,6 +47,8 @@ def decoder(model: torch.nn.Module, variant: str, dtype: str) -> CausalLMDecoder
     dec = CausalLMDecoder(model, static_cache=True, compile=True)
     options: dict[str, Any] = {"cpp.weight_prepack": True} if "inductor-pack" in variant else {}
     options |= {"cpp_wrapper": True} if "cppw" in variant else {}
+    for word, settings in SETTINGS.items():
+        options |= settings if word in variant.split("-") else {}
     if options:
         dec._step = compiled_step(model, options)
     return dec
@@ -50,7 +56,7 @@ def decoder(model: torch.nn.Module, variant: str, dtype: str) -> CausalLMDecoder
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="fp32", help="int8: weight-only int8 (fp32 activations)")
     p.add_argument("--variants", default="compiled,cppw,freeze", help=f"comma-separated, from {', '.join(VARIANTS)}")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
