@@ -80,8 +80,9 @@ def machine_key() -> str:
     CPUs whose winners differ), torch's version and the thread count; "quiet" since choices timed under other work
     are no longer cached (the entries before, under the key without it, may hold such choices: they are timed again);
     "native" since our matrix-vector kernel is a candidate (choices made without it are timed again with it),
-    "prefetch" since its prefetching variant is one too."""
-    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet | native prefetch"
+    "prefetch" since its prefetching variant is one too, "round mean" since a kernel's time is its mean call in a
+    round (before, its fastest call)."""
+    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet | native prefetch | round mean"
 
 
 def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
