@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -81,15 +82,67 @@ inline float dot(const W* __restrict w, const float* __restrict x, int64_t n, in
   return sum;
 }
 
+// Two rows at once, x read once for both: for each row the same operations in the same order as dot(), so the same
+// bits whichever rows a thread's block pairs.
+template <typename W>
+inline void dot2(const W* __restrict w0, const W* __restrict w1, const float* __restrict x, int64_t n, int64_t ahead, float* out) {
+#if defined(__AVX512F__)
+  int64_t k = 0;
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps(), b2 = _mm512_setzero_ps(), b3 = _mm512_setzero_ps();
+  for (; k + 64 <= n; k += 64) {
+    if (ahead) {
+      prefetch_l2(reinterpret_cast<const char*>(w0 + k) + ahead, 64 * sizeof(W));
+      prefetch_l2(reinterpret_cast<const char*>(w1 + k) + ahead, 64 * sizeof(W));
+    }
+    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16), x2 = _mm512_loadu_ps(x + k + 32), x3 = _mm512_loadu_ps(x + k + 48);
+    a0 = _mm512_fmadd_ps(load16(w0 + k), x0, a0);
+    b0 = _mm512_fmadd_ps(load16(w1 + k), x0, b0);
+    a1 = _mm512_fmadd_ps(load16(w0 + k + 16), x1, a1);
+    b1 = _mm512_fmadd_ps(load16(w1 + k + 16), x1, b1);
+    a2 = _mm512_fmadd_ps(load16(w0 + k + 32), x2, a2);
+    b2 = _mm512_fmadd_ps(load16(w1 + k + 32), x2, b2);
+    a3 = _mm512_fmadd_ps(load16(w0 + k + 48), x3, a3);
+    b3 = _mm512_fmadd_ps(load16(w1 + k + 48), x3, b3);
+  }
+  for (; k + 16 <= n; k += 16) {
+    const __m512 x0 = _mm512_loadu_ps(x + k);
+    a0 = _mm512_fmadd_ps(load16(w0 + k), x0, a0);
+    b0 = _mm512_fmadd_ps(load16(w1 + k), x0, b0);
+  }
+  float s0 = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  float s1 = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
+  for (; k < n; ++k) {
+    s0 += static_cast<float>(w0[k]) * x[k];
+    s1 += static_cast<float>(w1[k]) * x[k];
+  }
+  out[0] = s0;
+  out[1] = s1;
+#else
+  out[0] = dot(w0, x, n, ahead);
+  out[1] = dot(w1, x, n, ahead);
+#endif
+}
+
 template <typename W, typename B, typename Y>
 void rows(const W* w, const float* x, const float* scale, const B* bias, Y* y, int64_t out, int64_t in, int64_t ahead) {
   // At least 32 Ki weights a block: a small layer runs on one thread rather than pay for waking the others.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in, 1));
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      const float d = dot(w + o * in, x, in, ahead);
-      y[o] = static_cast<Y>((scale ? scale[o] * d : d) + (bias ? static_cast<float>(bias[o]) : 0.f));  // bf16: rounded to nearest even
+    auto write = [&](int64_t o, float d) {  // bf16: rounded to nearest even
+      y[o] = static_cast<Y>((scale ? scale[o] * d : d) + (bias ? static_cast<float>(bias[o]) : 0.f));
+    };
+    int64_t o = begin;
+    if constexpr (std::is_same_v<W, float>) {
+      // fp32 rows two at a time where prefetching (on an AMX Xeon, 2026-12-05: GPT-2 small's fp32 weights 4-8% faster;
+      // its bf16 and int8 ones 0-3% slower, so one at a time); "native" keeps one at a time: each CPU times both.
+      for (float d[2]; ahead && o + 2 <= end; o += 2) {
+        dot2(w + o * in, w + (o + 1) * in, x, in, ahead, d);
+        write(o, d[0]);
+        write(o + 1, d[1]);
+      }
     }
+    for (; o < end; ++o) write(o, dot(w + o * in, x, in, ahead));
   });
 }
 
