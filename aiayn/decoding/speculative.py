@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from aiayn.decoding.adapters import KV_CACHE_SETTINGS, CausalLMDecoder, Seq2SeqDecoder, as_decoder
 from aiayn.decoding.protocol import DecodeState
-from aiayn.decoding.sampling import GenerationConfig, logits_to_probs, next_token, next_token_probs, sample
+from aiayn.decoding.sampling import GenerationConfig, argmax_last, logits_to_probs, next_token, next_token_probs, sample
 from aiayn.nn.positional import LearnedPositions
 from aiayn.validation import is_int, rule
 
@@ -140,7 +140,7 @@ class DraftModel:
         probs: list[Tensor | None] = []
         for index in range(count):
             if config is None or config.greedy:
-                token, q = logits.argmax(dim=-1), None
+                token, q = argmax_last(logits), None
             else:
                 q = logits_to_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p)
                 token = sample(q, generator)

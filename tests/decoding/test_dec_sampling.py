@@ -179,3 +179,18 @@ def test_block_repeated_ngrams_bans_exactly_the_completing_tokens():
 def test_suppress_tokens_only_in_chosen_rows():
     out = suppress_tokens(torch.zeros(2, 4), [2], rows=torch.tensor([True, False]))
     assert out[0, 2] == -INF and out[1, 2] == 0.0 and math.isfinite(out[0, 1])
+
+
+def test_argmax_last_is_argmax_first_index_on_ties_and_nan_as_largest():
+    """Greedy's pick (through ``max``, the faster kernel) is ``argmax``'s, whatever the dtype, ties, NaN or -inf."""
+    from aiayn.decoding.sampling import argmax_last
+
+    torch.manual_seed(0)
+    rows = torch.randn(6, 50257)
+    rows[1, [9, 40000]] = 100.0  # a tie: the first
+    rows[2, 123] = float("nan")  # NaN wins, as in argmax
+    rows[3] = float("-inf")  # all removed: index 0
+    rows[4, ::2] = rows[4].max()  # many ties
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        scores = rows.to(dtype)
+        assert torch.equal(argmax_last(scores), scores.argmax(dim=-1))
