@@ -26,6 +26,7 @@ dispatch of every op and the Python between them.
     python benchmarks/generation.py --batches 1 --threads 2 --rounds 3
     python benchmarks/generation.py --variants ours-bf16,hf-fp32 --profile ours-bf16
     python benchmarks/generation.py --quick                            # tiny shapes in seconds (smoke test)
+    python benchmarks/generation.py --token-chain --threads 2          # one token's weight reads, each one-row kernel
 
 llama.cpp is the peer at batch 1 when its llama-bench is built (``benchmarks/llama_cpp.sh build``, 5 to 25
 minutes on 2 cores): the same random GPT-2 weights are converted by llama.cpp's own converter to F32, BF16, Q8_0
@@ -377,6 +378,39 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
     return {name: (statistics.median(t), min(t)) for name, t in times.items()}
 
 
+def token_chain(shape: Shape, rounds: int = 9) -> dict[str, dict[str, float]]:
+    """dtype -> kernel -> ms of one token's weight reads: the one-row calls of a decoding step of ``shape`` in their
+    order (fused Q/K/V, the output projection, the two feed-forward layers per layer, then the vocabulary), each weight
+    its own tensor, through each one-row kernel the load may choose (the median of ``rounds`` interleaved rounds).
+    What a step costs without the rest of it: the kernels' in-model rate, which a layer timed alone in the cache
+    (``--linears``) does not show."""
+    from aiayn.inference.kernel_choice import INT8_ONE_ROW, _kernel, one_row_kernels
+
+    d, layers = shape.d_model, shape.n_layers
+    shapes = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * layers + [(shape.vocab_size, d)]
+    out: dict[str, dict[str, float]] = {}
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.int8):
+        if dtype == torch.int8:
+            weights, names = [torch.randint(-127, 128, s, dtype=torch.int8) for s in shapes], INT8_ONE_ROW
+        else:
+            weights, names = [torch.randn(s).to(dtype) for s in shapes], one_row_kernels(dtype)
+        xs = {n: torch.randn(1, n, dtype=dtype if dtype.is_floating_point else torch.float32) for n in {i for _, i in shapes}}
+        calls = {name: [_kernel(name, w, xs[w.shape[1]]) for w in weights] for name in names}
+        times: dict[str, list[float]] = {name: [] for name in names}
+        with torch.no_grad():
+            for r in range(rounds + 1):  # round 0 warms up
+                for name in names[r % len(names):] + names[: r % len(names)]:
+                    start = time.perf_counter()
+                    for call in calls[name]:
+                        call()
+                    if r:
+                        times[name].append((time.perf_counter() - start) * 1e3)
+        out[str(dtype).removeprefix("torch.")] = {name: statistics.median(t) for name, t in times.items()}
+        del calls, weights
+    return out
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -472,6 +506,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--linears", action="store_true",
                    help="only time single Linear layers, 768 -> 3072 and 768 -> 50257, for 1 and 8 rows "
                         "(fp32, fp32 packed, bf16, bf16 packed, int8, int8-dynamic)")
+    p.add_argument("--token-chain", action="store_true",
+                   help="only time one token's weight reads of the GPT-2-small shape (49 one-row calls in decoding order) "
+                        "through each one-row kernel, fp32, bf16 and int8 weights")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1 round, few tokens (a smoke test)")
     p.add_argument("--llama-cpp", choices=("auto", "no"), default="auto",
                    help="llama.cpp's llama-bench as the batch-1 peer when it is built (default: auto)")
@@ -518,6 +555,14 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, fl
                 for n_rows in (1, 8):
                     for name, (median, best) in few_row_linears(n_rows, out_features).items():
                         print(f"threads {threads}: Linear 768 -> {out_features}, {n_rows} row(s), {name}: median {median:.3f} ms, best {best:.3f} ms")
+        return rows, []
+    if args.token_chain:
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for dtype, times in token_chain(shape).items():
+                best = min(times.values())
+                print(f"threads {threads}: one token's weight reads, {dtype}: "
+                      + ", ".join(f"{name} {ms:.2f} ms ({best / ms:.2f})" for name, ms in sorted(times.items(), key=lambda kv: kv[1])))
         return rows, []
     if args.beam != "only":
         for threads in args.threads:
