@@ -8,8 +8,9 @@
 // vector width is this CPU's: AVX-512, AVX2 with FMA, or what the compiler vectorises by itself.
 //
 // Where the hardware prefetchers alone keep too few lines in flight, asking for each line `prefetch` bytes ahead
-// into L2 streams faster (on an AMX Xeon, 16 KiB ahead: bf16 1.5x, fp32 1.1-1.2x; docs/benchmarks.md). Whether it
-// pays is timed per machine and shape with the other kernels (aiayn/inference/kernel_choice.py), 0 for none.
+// into L2 streams faster (on an AMX Xeon, 16 KiB ahead, one GPT-2-small token's weight reads: bf16 1.3x, int8 1.6-1.8x,
+// fp32 with two rows at a time 1.1x; docs/benchmarks.md). Whether it pays is timed per machine and shape with the
+// other kernels (aiayn/inference/kernel_choice.py); 0 for none.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -5,8 +5,10 @@ A one-token step reads every weight once for two flops each: its speed is how fa
 oneDNN's packed kernel and MKL's sgemm are general matrix products asked to do a matrix-vector one; the kernel in
 ``gemv.cpp`` does only that (each output is one contiguous weight row dotted with the input, the rows in blocks
 over torch's threads), as llama.cpp does. Decoding GPT-2 small on a Zen 5 EPYC it took our fp32 speed from 0.81 to
-0.85-0.93 of llama.cpp's F32 and weight-only int8 from 0.71 to 0.95 of its Q8_0 (``docs/benchmarks.md``); whether it
-wins is timed per shape, beside the others, on each machine (:mod:`aiayn.inference.kernel_choice`).
+0.85-0.93 of llama.cpp's F32 and weight-only int8 from 0.71 to 0.95 of its Q8_0; on an AMX Xeon, asking for the
+weights :data:`PREFETCH` bytes ahead (``native-prefetch``) took bf16 from 0.98 to 1.16 of llama.cpp's BF16 and
+weight-only int8 to 1.79 of its Q8_0 (``docs/benchmarks.md``). Whether each wins is timed per shape, beside the
+others, on each machine (:mod:`aiayn.inference.kernel_choice`).
 
 The source is compiled once per CPU, compiler flags and torch version (``-march=native``: this CPU's vector width)
 into the user cache, ``$XDG_CACHE_HOME/aiayn/native/`` (a few seconds; logged), and loaded as the torch operator
