@@ -103,7 +103,8 @@ class PackedLinear(nn.Linear):
     kernels timed fastest here: ``one`` for one-row calls, ``many`` for several rows, each ``"packed"`` (the weight
     also held packed for oneDNN; repacked if the weight changes), ``"plain"`` (``F.linear``) or, for one row,
     ``"split"`` (:func:`~aiayn.inference.split_linear.split_linear`) or ``"native"`` / ``"native-prefetch"`` (our
-    matrix-vector product, :mod:`aiayn.inference.gemv`, without and with prefetching; fp32 and bf16). Training (grad enabled) and other devices run the plain ``F.linear``.
+    matrix-vector product, :mod:`aiayn.inference.gemv`, without and with prefetching; fp32 and bf16). Training (grad
+    enabled) and other devices run the plain ``F.linear``.
 
     Why in fp32 too: on CPUs where MKL's sgemm is slow for a few rows (AMD EPYC here: 1.8x slower for one row
     through the 50257-word output projection, 2.6x for eight), oneDNN's packed kernel reads the weight at
