@@ -397,16 +397,17 @@ def token_chain(shape: Shape, rounds: int = 9) -> dict[str, dict[str, float]]:
             weights, names = [torch.randn(s).to(dtype) for s in shapes], one_row_kernels(dtype)
         xs = {n: torch.randn(1, n, dtype=dtype if dtype.is_floating_point else torch.float32) for n in {i for _, i in shapes}}
         calls = {name: [_kernel(name, w, xs[w.shape[1]]) for w in weights] for name in names}
-        times: dict[str, list[float]] = {name: [] for name in names}
+
+        def token(chain: list[Callable[[], Tensor]]) -> Callable[[], None]:
+            def run() -> None:
+                for call in chain:
+                    call()
+            return run
+
         with torch.no_grad():
-            for r in range(rounds + 1):  # round 0 warms up
-                for name in names[r % len(names):] + names[: r % len(names)]:
-                    start = time.perf_counter()
-                    for call in calls[name]:
-                        call()
-                    if r:
-                        times[name].append((time.perf_counter() - start) * 1e3)
-        out[str(dtype).removeprefix("torch.")] = {name: statistics.median(t) for name, t in times.items()}
+            times = interleaved({name: token(chain) for name, chain in calls.items()}, rounds + 1)
+        # the first round warms up
+        out[str(dtype).removeprefix("torch.")] = {name: statistics.median(t[1:]) * 1e3 for name, t in times.items()}
         del calls, weights
     return out
 
