@@ -126,12 +126,16 @@ def _fake(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, 
 
 
 def _flags() -> list[str]:
-    """The compiler's flags: optimised for this CPU, OpenMP (torch's threads), and the ABI and headers of this torch."""
+    """The compiler's flags: optimised for this CPU, OpenMP (torch's threads), and the ABI and headers of this torch.
+    ``-ffp-contract=off``: the arithmetic as written (the vector loops' fused multiply-adds are explicit). GCC's default
+    fuses ``a * b + c`` where inlining lets it, which gave a row's scalar tail other bits when paired with another row
+    than alone (widths 17 and 777, 2026-12-05), and an int8 row's ``scale * d + bias`` bits that changed with the code
+    around it."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
     arch = ["-march=native"] if platform.machine().lower() in ("x86_64", "amd64") else ["-mcpu=native"]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return ["-O3", *arch, "-fopenmp", "-fPIC", "-shared", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    return ["-O3", *arch, "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *(f"-I{p}" for p in include_paths()), *(f"-L{p}" for p in library_paths()),
             *(f"-Wl,-rpath,{p}" for p in library_paths())]
 

@@ -69,7 +69,7 @@ def test_prefetching_changes_no_bit_and_a_negative_distance_is_refused(native_ge
     """The prefetching variant (the weights asked for ahead into L2) sums in the same order: the same bits, for every
     weight dtype, as a layer set to ``native-prefetch`` gives; a distance below 0 is an error naming it."""
     torch.manual_seed(0)
-    for out_features, in_features in [(3, 5), (17, 100), (1100, 768), (7, 3072)]:
+    for out_features, in_features in [(3, 5), (6, 17), (17, 100), (33, 777), (1100, 768), (7, 3072)]:  # scalar tails too
         x, bias = torch.randn(1, in_features), torch.randn(out_features)
         w = torch.randn(out_features, in_features)
         q, scale = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8), torch.rand(out_features) / 64
