@@ -107,8 +107,9 @@ void rows(const W* w, const float* x, const float* scale, const B* bias, Y* y, i
     };
     int64_t o = begin;
     if constexpr (std::is_same_v<W, float>) {
-      // fp32 rows two at a time where prefetching (on an AMX Xeon, 2026-12-05: GPT-2 small's fp32 weights 4-8% faster;
-      // its bf16 and int8 ones 0-3% slower, so one at a time); "native" keeps one at a time: each CPU times both.
+      // fp32 rows two at a time where prefetching (in throw-away sweeps on an AMX Xeon, 2026-12-05, faster for GPT-2
+      // small's fp32 weights, slower for its bf16 and int8 ones, so one at a time); "native" keeps one at a time: each
+      // CPU times both.
       for (float d[2]; ahead && o + 2 <= end; o += 2) {
         dots<2>(w + o * in, x, in, ahead, d);
         write(o, d[0]);

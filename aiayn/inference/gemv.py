@@ -49,8 +49,9 @@ BUILD_TIMEOUT_S = 600
 
 DTYPES = (torch.float32, torch.bfloat16)  # the floating-point weights it takes (x of the same dtype)
 # How far ahead of its reads the kernel asks for the weights' cache lines, into L2. On an AMX Xeon (2 cores, 2026-12-05)
-# the hardware prefetchers alone kept too few lines in flight: 16 KiB ahead streamed GPT-2 small's bf16 weights 1.5x
-# faster and its fp32 ones 1.1-1.2x (4 KiB ahead: less; to L1: less). Other CPUs may lose by it, so both are candidates.
+# the hardware prefetchers alone kept too few lines in flight: 16 KiB ahead read one GPT-2-small token's bf16 weights
+# 1.3x faster, int8 1.6-1.8x, fp32 1.1x (docs/benchmarks.md, --token-chain; shorter distances and L1 did less in
+# throw-away sweeps). Other CPUs may lose by it, so both are candidates.
 PREFETCH = 16 << 10
 KERNELS = {"native": 0, "native-prefetch": PREFETCH}  # the kernel's names in the timed choice: bytes prefetched ahead
 # Whether compiled graphs call it: set at load, where Inductor writes AVX-512 code. Under its AVX2 code (checked with
