@@ -13,8 +13,9 @@ others, on each machine (:mod:`aiayn.inference.kernel_choice`).
 The source is compiled once per CPU, compiler flags and torch version (``-march=native``: this CPU's vector width)
 into the user cache, ``$XDG_CACHE_HOME/aiayn/native/`` (a few seconds; logged), and loaded as the torch operator
 ``aiayn_native::gemv``, which ``torch.compile`` graphs call as they are (where Inductor writes AVX-512 code:
-:data:`IN_GRAPHS`). Without a C++ compiler, or where the build
-fails, :func:`available` says so once in a warning and the kernel is not a candidate.
+:data:`IN_GRAPHS`). The same library holds ``aiayn_native::attend_one``, one query's attention over a key/value cache
+(:func:`attend_one`), a candidate of the one-query attention choice. Without a C++ compiler, or where the build
+fails, :func:`available` says so once in a warning and neither kernel is a candidate.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -38,8 +40,8 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "PREFETCH", "available", "gemv_int8", "gemv_linear", "may_run", "unavailable_reason",
-           "SOURCE"]
+__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "PREFETCH", "attend_one", "available", "gemv_int8", "gemv_linear", "may_run",
+           "unavailable_reason", "SOURCE"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,13 @@ def gemv_int8(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, pre
     return torch.ops.aiayn_native.gemv(x, weight, scale, bias, prefetch).view(*x.shape[:-1], weight.shape[0])
 
 
+def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """``softmax(q k^T / sqrt(d)) v`` for one query ``q (B, H, 1, D)`` over ``k, v (B, Hkv, S, D)`` (fp32 or bf16, the last
+    dimension contiguous), ``mask`` None or bool ``(B|1, 1, 1, S)``, True = may attend; a row with every key masked gives
+    zeros (call only where :func:`available`)."""
+    return torch.ops.aiayn_native.attend_one(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]))
+
+
 def available() -> bool:
     """Whether ``aiayn_native::gemv`` is loaded here, building it first if it was never built for this machine."""
     return _load() is None
@@ -114,6 +123,7 @@ def _load() -> str | None:
     except (OSError, RuntimeError) as err:
         return _unavailable(f"loading {library} failed: {err}")
     torch.library.register_fake("aiayn_native::gemv")(_fake)
+    torch.library.register_fake("aiayn_native::attend_one")(_fake_attend)
     from aiayn.inference.quantization import avx512_graphs  # here: quantization imports this module
 
     global IN_GRAPHS
@@ -124,6 +134,10 @@ def _load() -> str | None:
 def _fake(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, prefetch: int = 0) -> Tensor:
     """The operator's output shape and dtype without running it (what ``torch.compile`` traces)."""
     return x.new_empty(weight.shape[0])
+
+
+def _fake_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    return q.new_empty(q.shape)
 
 
 def _flags() -> list[str]:

@@ -14,10 +14,10 @@ in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a secon
 fp32 training asks the same question of a whole step's three products (:func:`choose_training_kernels`): MKL,
 torch's fp32 default, ran at half oneDNN's speed on a Zen 5 EPYC (:mod:`aiayn.nn.onednn_linear`).
 
-Attention asks it of one query (a decoding step, :func:`choose_attention`): torch's fused kernel or the formula
-(:mod:`aiayn.nn.attention`). In bf16 on a Zen 5 EPYC the fused kernel took 1.7x the formula's time at 144 keys and
-4x at 512; in fp32 it was the faster. ``AIAYN_ATTENTION_KERNEL`` overrides: ``measure`` (the default), ``sdpa``
-or ``math``.
+Attention asks it of one query (a decoding step, :func:`choose_attention`): torch's fused kernel, the formula
+(:mod:`aiayn.nn.attention`) or, where it builds, our own one-query kernel (:func:`aiayn.inference.gemv.attend_one`).
+In bf16 on a Zen 5 EPYC the fused kernel took 1.7x the formula's time at 144 keys and 4x at 512; in fp32 it was the
+faster. ``AIAYN_ATTENTION_KERNEL`` overrides: ``measure`` (the default), ``sdpa``, ``math`` or ``native``.
 
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack; in
 training, oneDNN), ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several;
@@ -44,12 +44,12 @@ from aiayn.environment import env_choice, user_cache_dir
 from aiayn.inference.gemv import DTYPES as GEMV_DTYPES
 from aiayn.inference.gemv import KERNELS as GEMV_KERNELS
 from aiayn.inference.gemv import available as gemv_available
-from aiayn.inference.gemv import gemv_int8, gemv_linear
+from aiayn.inference.gemv import gemv_int8, gemv_linear, unavailable_reason
 from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
+    "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "attention_candidates", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
     "attention_mode", "cache_path", "choose_attention", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "choose_training_kernels", "kernel_mode", "one_row_kernels",
     "machine_key",
@@ -162,13 +162,23 @@ def choose_training_kernels(weights: list[Tensor], rows: int) -> list[str]:
 
 
 ATTENTION_ENV_VAR = "AIAYN_ATTENTION_KERNEL"
-ATTENTION = ("sdpa", "math")  # one query at inference: torch's fused kernel, or the formula
+ATTENTION = ("sdpa", "math", "native")  # one query at inference: torch's fused kernel, the formula, or ours (where it builds)
 ATTENTION_KEYS = (64, 256, 1024)  # the key lengths a one-query call is timed at, summed: long contexts weigh most
 
 
 def attention_mode() -> str:
-    """``$AIAYN_ATTENTION_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value."""
-    return env_choice(ATTENTION_ENV_VAR, ("measure", *ATTENTION))
+    """``$AIAYN_ATTENTION_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value, and for
+    ``native`` where our kernel cannot run (saying why)."""
+    mode = env_choice(ATTENTION_ENV_VAR, ("measure", *ATTENTION))
+    if mode == "native" and not gemv_available():
+        raise ValueError(f"${ATTENTION_ENV_VAR}=native: our one-query kernel cannot run here ({unavailable_reason()}); "
+                         "use measure, sdpa or math")
+    return mode
+
+
+def attention_candidates() -> tuple[str, ...]:
+    """The backends of :data:`ATTENTION` that can run here: ``native`` only where our kernel built."""
+    return ATTENTION if gemv_available() else tuple(name for name in ATTENTION if name != "native")
 
 
 def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
@@ -178,15 +188,18 @@ def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
     mode = attention_mode()
     if mode != "measure":
         return [mode] * len(shapes)
+    names = attention_candidates()
 
     def timed(shape: tuple[torch.dtype, int, int]) -> tuple[str, str]:
-        times = _time_attention(*shape)
-        choice = min(ATTENTION, key=lambda name: times[name])
+        times = _time_attention(*shape, names=names)
+        choice = min(names, key=lambda name: times[name])
         keys = "+".join(str(n) for n in ATTENTION_KEYS)
-        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in ATTENTION) + f" ms (one query over {keys} keys) -> {choice}"
+        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in names) + f" ms (one query over {keys} keys) -> {choice}"
 
-    names = [f"attention {heads}x{dim} {str(dtype).removeprefix('torch.')} 1 query" for dtype, heads, dim in shapes]
-    return _cached(names, shapes, ATTENTION, timed, "one-query attention", ATTENTION_ENV_VAR)
+    # The candidates and the way of timing are in the key: a machine that timed two backends hot times them again.
+    shape_names = [f"attention {heads}x{dim} {str(dtype).removeprefix('torch.')} 1 query ({'/'.join(names)}, cold)"
+                   for dtype, heads, dim in shapes]
+    return _cached(shape_names, shapes, names, timed, "one-query attention", ATTENTION_ENV_VAR)
 
 
 def choose_model_attention(model: nn.Module) -> dict[tuple[torch.dtype, int, int], str]:
@@ -206,24 +219,31 @@ def choose_model_attention(model: nn.Module) -> dict[tuple[torch.dtype, int, int
     return chosen
 
 
-def _time_attention(dtype: torch.dtype, heads: int, head_dim: int, rounds: int = 5) -> dict[str, float]:
-    """Milliseconds of one query through each backend of :data:`ATTENTION`, summed over :data:`ATTENTION_KEYS` keys:
-    the fastest call of ``rounds`` interleaved rounds at each length, after a warm-up call."""
+def _time_attention(dtype: torch.dtype, heads: int, head_dim: int, rounds: int = 5,
+                    names: tuple[str, ...] = ATTENTION) -> dict[str, float]:
+    """Milliseconds of one query through each backend of ``names``, summed over :data:`ATTENTION_KEYS` keys: at each
+    length the mean call of a round, one call on each of several copies of the keys and values (together larger than
+    the last-level cache, as in decoding, where a layer's weights evict its cache between steps: timed hot, torch's
+    fused bf16 kernel beat ours from 256 keys on an AMX Xeon, timed cold it lost at every length, as in the decoding
+    step; 2026-12-05), in the fastest of ``rounds`` interleaved rounds, after a warm-up call."""
     from aiayn.nn.attention import scaled_dot_product_attention
 
-    total = dict.fromkeys(ATTENTION, 0.0)
+    total = dict.fromkeys(names, 0.0)
     with torch.no_grad():
         for length in ATTENTION_KEYS:
             q = torch.randn(1, heads, 1, head_dim).to(dtype)
-            k, v = (torch.randn(1, heads, length, head_dim).to(dtype) for _ in range(2))
-            best = dict.fromkeys(ATTENTION, float("inf"))
+            size = 2 * heads * length * head_dim * q.element_size()
+            copies = [(torch.randn(1, heads, length, head_dim).to(dtype), torch.randn(1, heads, length, head_dim).to(dtype))
+                      for _ in range(max(1, min(MAX_COPIES, -(-COLD_BYTES // size))))]
+            best = dict.fromkeys(names, float("inf"))
             for r in range(rounds + 1):  # round 0 warms up
-                for name in ATTENTION[r % 2:] + ATTENTION[: r % 2]:
+                for name in names[r % len(names):] + names[: r % len(names)]:  # each backend first in turn
                     start = time.perf_counter()
-                    scaled_dot_product_attention(q, k, v, backend=name)
+                    for k, v in copies:
+                        scaled_dot_product_attention(q, k, v, backend=name)
                     if r:
-                        best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
-            for name in ATTENTION:
+                        best[name] = min(best[name], (time.perf_counter() - start) * 1e3 / len(copies))
+            for name in names:
                 total[name] += best[name]
     return total
 

@@ -11,7 +11,8 @@
   formula (measured in ``docs/benchmarks.md``); for one query at inference on the CPU (a decoding step), the
   backend :data:`ONE_QUERY` holds for its dtype and shape, timed at load on this machine
   (:func:`aiayn.inference.kernel_choice.choose_attention`: in bf16 the flash kernel took 4x the formula's time
-  at 512 keys on a Zen 5 EPYC); ``"sdpa"`` everywhere else. A named backend is always obeyed.
+  at 512 keys on a Zen 5 EPYC), which may also be ``"native"``, our one-query kernel built on this machine
+  (:func:`aiayn.inference.gemv.attend_one`); ``"sdpa"`` everywhere else. A named backend is always obeyed.
 
 Masks follow :mod:`aiayn.nn.masks`: bool, ``True`` = may attend. Fully masked query rows give an
 all-zero output and zero gradients in both backends (no NaN, no ``-1e9`` that overflows fp16).
@@ -25,15 +26,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aiayn.inference import gemv
 from aiayn.nn.masks import causal_mask, check_attention_mask
 
 BACKENDS: tuple[str, ...] = ("math", "sdpa", "auto")
+# What the one-query choice may pick (ONE_QUERY's values): "native" attends one query at inference through
+# aiayn.inference.gemv.attend_one and falls back to "sdpa" where that does not apply (see _native_fits).
+ONE_QUERY_BACKENDS: tuple[str, ...] = ("sdpa", "math", "native")
 AUTO_MATH_MAX_KEYS = 128
 # (dtype, heads, head dim) -> the backend of one query at inference on the CPU, filled at load by timing
 # (aiayn.inference.kernel_choice.choose_attention); a shape not in it takes "sdpa".
 ONE_QUERY: dict[tuple[torch.dtype, int, int], str] = {}
 
-__all__ = ["scaled_dot_product_attention", "repeat_kv", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS", "ONE_QUERY"]
+__all__ = ["scaled_dot_product_attention", "repeat_kv", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS", "ONE_QUERY",
+           "ONE_QUERY_BACKENDS"]
 
 
 def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
@@ -80,7 +86,7 @@ def scaled_dot_product_attention(
     Returns ``(output (B, H, T, Dv), weights (B, H, T, S) or None)``; weights only from ``"math"``.
     Raises ``ValueError`` for an unknown backend or mismatched shapes, ``TypeError`` for a non-bool mask.
     """
-    if backend not in BACKENDS:
+    if backend not in BACKENDS and backend != "native":
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if return_weights and backend not in ("math", "auto"):
         raise ValueError(f"return_weights=True needs backend='math', got backend={backend!r}")
@@ -96,6 +102,10 @@ def scaled_dot_product_attention(
     if causal and k_len < q_len:
         raise ValueError(f"causal attention needs at least as many keys as queries, got T={q_len}, S={k_len}")
     backend = "math" if return_weights else resolve_backend(backend, q, k_len)
+    if backend == "native":
+        if _native_fits(q, k, v, mask, bias, dropout_p):
+            return gemv.attend_one(q, k, v, mask), None
+        backend = "sdpa"
     if q.numel() == 0 or k_len == 0:  # nothing to attend from, or to: a defined all-zero result
         out = q.new_zeros(batch, heads, q_len, v.shape[-1])
         return out, (q.new_zeros(batch, heads, q_len, k_len) if return_weights else None)
@@ -139,6 +149,20 @@ def scaled_dot_product_attention(
         if weights is not None:
             weights = weights.masked_fill(empty_rows, 0.0)
     return out, weights
+
+
+def _native_fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float) -> bool:
+    """Whether one query can go through :func:`aiayn.inference.gemv.attend_one` (chosen only where the kernel loaded):
+    the CPU, no gradient asked for, fp32 or bf16, values as wide as keys, no bias or dropout, a mask over keys only
+    (``(B|1, 1, 1, S)``), the last dimension contiguous, keys to attend to, and, in a graph being compiled, a machine
+    whose graphs call our kernels (:func:`aiayn.inference.gemv.may_run`)."""
+    return (
+        q.device.type == "cpu" and q.shape[2] == 1 and k.shape[2] > 0 and q.numel() > 0 and bias is None and dropout_p == 0.0
+        and q.dtype in gemv.DTYPES and k.dtype == q.dtype and v.dtype == q.dtype and v.shape == k.shape
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        and (mask is None or (mask.dim() == 4 and mask.shape[0] in (1, q.shape[0]) and mask.shape[1:] == (1, 1, k.shape[2])))
+        and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and gemv.may_run()
+    )
 
 
 def _check_on_host(q: Tensor) -> bool:

@@ -84,10 +84,11 @@ def test_static_cache_attends_over_the_filled_columns_only(monkeypatch):
 def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     """One graph serves 40 steps and another prompt and max_new_tokens (the attended width and the buffers'
     length are dynamic), its guards look at layer 0 only (so their cost does not grow with the layers), and
-    its logits are the eager static cache's, packed Linear layers included. One-query attention by the formula (the backend timed faster for bf16 on
-    some CPUs; conformance compiles torch's fused kernel)."""
+    its logits are the eager static cache's, packed Linear layers included. One-query attention by our kernel where it
+    builds (the backend timed fastest on an AMX Xeon), else by the formula (timed faster for bf16 on some CPUs);
+    conformance compiles torch's fused kernel."""
     from aiayn.decoding import adapters
-    from aiayn.inference import pack_linears
+    from aiayn.inference import gemv, pack_linears
     from aiayn.nn import attention
 
     kept = []
@@ -102,10 +103,12 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     torch._dynamo.reset()  # forget graphs other tests compiled (they would count as recompilations here)
     model = gpt("rotary", n_layers=3)
     assert pack_linears(model) > 0  # as loading does: oneDNN's packed weights enter the frozen graph as constants
-    monkeypatch.setattr(attention, "ONE_QUERY", {(torch.float32, m.n_heads, m.head_dim): "math" for m in model.modules() if hasattr(m, "head_dim")})
-    formula, one_query = attention._math_attention, []
-    monkeypatch.setattr(attention, "_math_attention",  # recorded eagerly only (a list a graph appended to would be guarded on)
-                        lambda q, *rest: (torch.compiler.is_compiling() or one_query.append(q.shape[2]), formula(q, *rest))[1])
+    backend = "native" if gemv.available() and gemv.may_run() else "math"
+    monkeypatch.setattr(attention, "ONE_QUERY", {(torch.float32, m.n_heads, m.head_dim): backend for m in model.modules() if hasattr(m, "head_dim")})
+    owner, name = (gemv, "attend_one") if backend == "native" else (attention, "_math_attention")
+    kernel, one_query = getattr(owner, name), []
+    monkeypatch.setattr(owner, name,  # recorded eagerly only (a list a graph appended to would be guarded on)
+                        lambda q, *rest: (torch.compiler.is_compiling() or one_query.append(q.shape[2]), kernel(q, *rest))[1])
     compiled, eager = CausalLMDecoder(model, compile=True), CausalLMDecoder(model, static_cache=True)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for prompt_len, steps in [(4, 40), (7, 9)]:
@@ -113,7 +116,7 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
             feed = torch.tensor(random_rows([steps], seed=prompt_len)[0])[:, None]  # (steps, 1), tokens as argmax gives them
             torch.testing.assert_close(_teacher_forced(compiled, ids, None, feed, steps + 2),
                                        _teacher_forced(eager, ids, None, feed, steps + 2), rtol=1e-4, atol=1e-4)
-    assert one_query and set(one_query) == {1}  # the eager decoder's steps took the formula, for one query only
+    assert one_query and set(one_query) == {1}  # the eager decoder's steps took the chosen backend, for one query only
     assert any("_modules['0']" in name for name in kept) and any("self_attn[0]" in name for name in kept)
     assert not [name for name in kept if "_modules['1']" in name or "_modules['2']" in name or "self_attn[1]" in name]
     assert not torch._inductor.config.freezing  # switched on only while the step ran (a user's own compile is unaffected)

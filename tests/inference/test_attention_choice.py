@@ -1,7 +1,7 @@
 """One-query attention's backend chosen by timing (aiayn.inference.kernel_choice.choose_attention): cached per
 machine beside the Linear choices, obeyed without timing again, the override obeyed and an unknown one named; the
 ``auto`` backend reads the choice only for one query at inference on the CPU, and decoding through either backend
-gives the same tokens."""
+gives the same tokens; where our kernel builds, it is a third candidate."""
 
 import copy
 import json
@@ -23,38 +23,63 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "aiayn" / "kernels.json"
 
 
-def test_the_faster_backend_is_kept_per_dtype_and_shape_and_cached(cache, monkeypatch, caplog):
+@pytest.fixture
+def two_backends(monkeypatch):
+    """The candidates of a machine where our kernel does not build: torch's fused kernel and the formula."""
+    monkeypatch.setattr(kernel_choice, "attention_candidates", lambda: ("sdpa", "math"))
+
+
+def test_the_faster_backend_is_kept_per_dtype_and_shape_and_cached(cache, two_backends, monkeypatch, caplog):
     timings = {torch.float32: {"sdpa": 1.0, "math": 2.0}, torch.bfloat16: {"sdpa": 3.0, "math": 1.0}}
     calls = []
-    monkeypatch.setattr(kernel_choice, "_time_attention", lambda dtype, heads, dim: calls.append((dtype, heads, dim)) or timings[dtype])
+    monkeypatch.setattr(kernel_choice, "_time_attention", lambda dtype, heads, dim, names: calls.append((dtype, heads, dim)) or timings[dtype])
     shapes = [(torch.bfloat16, 4, 16), (torch.float32, 4, 16), (torch.bfloat16, 4, 16)]
     with caplog.at_level(logging.INFO, logger="aiayn.inference.kernel_choice"):
         assert kernel_choice.choose_attention(shapes) == ["math", "sdpa", "math"]
-    assert "attention 4x16 bfloat16 1 query: sdpa 3.000, math 1.000 ms (one query over 64+256+1024 keys) -> math" in caplog.text
+    assert "attention 4x16 bfloat16 1 query (sdpa/math, cold): sdpa 3.000, math 1.000 ms (one query over 64+256+1024 keys) -> math" in caplog.text
     assert "$AIAYN_ATTENTION_KERNEL overrides" in caplog.text
     assert calls == [(torch.bfloat16, 4, 16), (torch.float32, 4, 16)]  # each shape timed once
     assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {
-        "attention 4x16 bfloat16 1 query": "math", "attention 4x16 float32 1 query": "sdpa"}
-    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape: pytest.fail("timed a shape the cache decides"))
+        "attention 4x16 bfloat16 1 query (sdpa/math, cold)": "math", "attention 4x16 float32 1 query (sdpa/math, cold)": "sdpa"}
+    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape, names: pytest.fail("timed a shape the cache decides"))
     assert kernel_choice.choose_attention(shapes[:2]) == ["math", "sdpa"]  # deterministic given the cache
 
 
-def test_real_timings_choose_a_backend_and_a_corrupt_cache_is_rebuilt(cache, caplog):
+def test_our_kernel_is_a_candidate_where_it_builds_and_an_older_choice_is_timed_again(native_gemv, cache, monkeypatch):
+    """Where it builds, ``native`` is timed beside the other two and kept when fastest; a choice cached when only two
+    were timed (or timed hot) is timed again."""
+    key = kernel_choice.machine_key()
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({key: {"attention 4x16 float32 1 query": "sdpa", "attention 4x16 float32 1 query (sdpa/math, cold)": "math"}}))
+    timed = []
+    monkeypatch.setattr(kernel_choice, "_time_attention",
+                        lambda dtype, heads, dim, names: timed.append(names) or {"sdpa": 2.0, "math": 3.0, "native": 1.0})
+    assert kernel_choice.choose_attention([(torch.float32, 4, 16)]) == ["native"]
+    assert timed == [("sdpa", "math", "native")]
+    assert json.loads(cache.read_text())[key]["attention 4x16 float32 1 query (sdpa/math/native, cold)"] == "native"
+
+
+def test_real_timings_choose_a_backend_and_a_corrupt_cache_is_rebuilt(cache, two_backends, caplog):
     cache.parent.mkdir(parents=True)
     cache.write_text("[1, 2")
     with caplog.at_level(logging.WARNING, logger="aiayn.inference.kernel_choice"):
         (choice,) = kernel_choice.choose_attention([(torch.float32, 2, 8)])
     assert "corrupt kernel-choice cache" in caplog.text and choice in kernel_choice.ATTENTION
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"attention 2x8 float32 1 query": choice}
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"attention 2x8 float32 1 query (sdpa/math, cold)": choice}
 
 
 def test_the_override_is_obeyed_and_an_unknown_one_named(cache, monkeypatch):
-    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape: pytest.fail("timed under an override"))
-    for mode in kernel_choice.ATTENTION:
+    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape, **names: pytest.fail("timed under an override"))
+    for mode in kernel_choice.attention_candidates():
         monkeypatch.setenv(kernel_choice.ATTENTION_ENV_VAR, mode)
         assert kernel_choice.choose_attention([(torch.float32, 2, 8)]) == [mode]
     monkeypatch.setenv(kernel_choice.ATTENTION_ENV_VAR, "flash")
-    with pytest.raises(ValueError, match=r"\$AIAYN_ATTENTION_KERNEL must be one of measure, sdpa, math, got 'flash'"):
+    with pytest.raises(ValueError, match=r"\$AIAYN_ATTENTION_KERNEL must be one of measure, sdpa, math, native, got 'flash'"):
+        kernel_choice.choose_attention([(torch.float32, 2, 8)])
+    monkeypatch.setenv(kernel_choice.ATTENTION_ENV_VAR, "native")  # where our kernel cannot run: said, with the reason
+    monkeypatch.setattr(kernel_choice, "gemv_available", lambda: False)
+    monkeypatch.setattr(kernel_choice, "unavailable_reason", lambda: "no C++ compiler")
+    with pytest.raises(ValueError, match=r"\$AIAYN_ATTENTION_KERNEL=native: our one-query kernel cannot run here \(no C\+\+ compiler\)"):
         kernel_choice.choose_attention([(torch.float32, 2, 8)])
 
 
@@ -70,12 +95,13 @@ def test_auto_reads_the_choice_only_for_one_query_at_inference_on_the_cpu(cache)
 
 def test_decoding_through_either_backend_gives_the_same_tokens(cache, monkeypatch):
     """A model loaded as aiayn.load does registers its shape; greedy decoding with one-query attention by the formula
-    gives the tokens of torch's fused kernel, for the decoder-only and the encoder-decoder families."""
+    (and by our kernel, where it builds) gives the tokens of torch's fused kernel, for the decoder-only and the
+    encoder-decoder families."""
     from aiayn import build_model
     from aiayn.decoding import GenerationConfig, as_decoder, generate
     from aiayn.pretrained import prepare_for_inference
 
-    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape: {"sdpa": 2.0, "math": 1.0})
+    monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape, names: {"sdpa": 2.0, "math": 1.0, "native": 3.0})
     formula, one_query = attention._math_attention, []
     monkeypatch.setattr(attention, "_math_attention", lambda q, *rest: one_query.append(q.shape[2] == 1) or formula(q, *rest))
     config = GenerationConfig(max_new_tokens=10, greedy=True, eos_id=None)
@@ -86,10 +112,10 @@ def test_decoding_through_either_backend_gives_the_same_tokens(cache, monkeypatc
         assert {(h, d) for (_, h, d), b in attention.ONE_QUERY.items() if b == "math"} == heads
         prompt = torch.randint(4, 40, (2, 6))
         tokens = {}
-        for backend in ("math", "sdpa"):
+        for backend in kernel_choice.attention_candidates():  # ours too where it builds
             for key in attention.ONE_QUERY:
                 attention.ONE_QUERY[key] = backend
             one_query.clear()
             tokens[backend] = generate(as_decoder(copy.deepcopy(model)), prompt, None, config).sequences()
             assert any(one_query) == (backend == "math") and not any(not q for q in one_query)  # the formula: decoding steps only
-        assert tokens["math"] == tokens["sdpa"]
+        assert all(t == tokens["sdpa"] for t in tokens.values())

@@ -1,0 +1,65 @@
+"""Our one-query attention kernel (aiayn.inference.gemv.attend_one, the ``native`` one-query backend of
+aiayn.nn.attention): the formula's result in float64 within each dtype's rounding, for grouped-query heads, cache views,
+padding masks of one row or of each row, a row whose keys are all masked (zeros, as the library gives), head sizes with
+scalar tails and key counts off the four-key blocks; where it does not apply, torch's fused kernel answers."""
+
+import pytest
+import torch
+
+from aiayn.nn.attention import scaled_dot_product_attention
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def reference(q, k, v, mask):
+    out, _ = scaled_dot_product_attention(q.double(), k.double(), v.double(), mask=mask, backend="math")
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("batch", "heads", "kv_heads", "keys", "dim"),
+                         [(1, 12, 12, 1, 64), (1, 4, 4, 7, 64), (2, 8, 2, 37, 64), (3, 4, 1, 130, 32), (2, 3, 3, 9, 40)])
+def test_it_is_the_formula_for_cache_views_and_masks(native_gemv, dtype, batch, heads, kv_heads, keys, dim):
+    torch.manual_seed(keys)
+    cache_k, cache_v = (torch.randn(batch, kv_heads, keys + 11, dim, dtype=dtype) for _ in range(2))
+    k, v = cache_k[:, :, :keys], cache_v[:, :, :keys]  # the filled columns of a static cache: a strided view
+    q = torch.randn(batch, heads, 1, dim, dtype=dtype)
+    rows = torch.rand(batch, 1, 1, keys) > 0.3
+    rows[..., -1] = True
+    for mask in (None, rows, rows[:1]):
+        out, weights = scaled_dot_product_attention(q, k, v, mask=mask, backend="native")
+        assert weights is None and out.dtype == dtype and out.shape == (batch, heads, 1, dim)
+        torch.testing.assert_close(out.double(), reference(q, k, v, mask), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_a_row_with_every_key_masked_gives_zeros(native_gemv):
+    q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 5, 16), torch.randn(2, 4, 5, 16)
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1] = False
+    out, _ = scaled_dot_product_attention(q, k, v, mask=mask, backend="native")
+    assert torch.equal(out[1], torch.zeros(4, 1, 16))
+    torch.testing.assert_close(out.double(), reference(q, k, v, mask))
+
+
+def test_where_it_does_not_apply_torchs_fused_kernel_answers(native_gemv, monkeypatch):
+    """Gradients, a bias, several queries or a mask per query: the ``sdpa`` backend's result, bit for bit."""
+    monkeypatch.setattr(torch.ops.aiayn_native, "attend_one", lambda *a: pytest.fail("the native kernel was called"))
+    q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    per_query = torch.ones(1, 2, 1, 6, dtype=torch.bool)
+    cases = [dict(q=q.clone().requires_grad_()), dict(bias=torch.randn(1, 6)), dict(q=torch.randn(1, 2, 3, 8)), dict(mask=per_query)]
+    for case in cases:
+        args = {"q": q, "k": k, "v": v, **case}
+        native, _ = scaled_dot_product_attention(**args, backend="native")
+        fused, _ = scaled_dot_product_attention(**args, backend="sdpa")
+        assert torch.equal(native, fused)
+
+
+def test_the_kernel_checks_its_inputs(native_gemv):
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="q, k and v must all be float32 or all bfloat16"):
+        torch.ops.aiayn_native.attend_one(q, k.bfloat16(), k.bfloat16(), None, 1.0)
+    with pytest.raises(RuntimeError, match=r"mask must be bool \(B or 1, 1, 1, S\)"):
+        torch.ops.aiayn_native.attend_one(q, k, k, torch.ones(1, 1, 1, 3, dtype=torch.bool), 1.0)
+    with pytest.raises(RuntimeError, match="the last dimension must be contiguous"):
+        every_other = torch.randn(1, 2, 4, 16)[..., ::2]
+        torch.ops.aiayn_native.attend_one(q, every_other, every_other, None, 1.0)
