@@ -96,7 +96,7 @@ def test_auto_reads_the_choice_only_for_one_query_at_inference_on_the_cpu(cache)
 def test_decoding_through_either_backend_gives_the_same_tokens(cache, monkeypatch):
     """A model loaded as aiayn.load does registers its shape; greedy decoding with one-query attention by the formula
     (and by our kernel, where it builds) gives the tokens of torch's fused kernel, for the decoder-only and the
-    encoder-decoder families."""
+    encoder-decoder families, grouped-query heads and local attention's ring buffer."""
     from aiayn import build_model
     from aiayn.decoding import GenerationConfig, as_decoder, generate
     from aiayn.pretrained import prepare_for_inference
@@ -104,10 +104,14 @@ def test_decoding_through_either_backend_gives_the_same_tokens(cache, monkeypatc
     monkeypatch.setattr(kernel_choice, "_time_attention", lambda *shape, names: {"sdpa": 2.0, "math": 1.0, "native": 3.0})
     formula, one_query = attention._math_attention, []
     monkeypatch.setattr(attention, "_math_attention", lambda q, *rest: one_query.append(q.shape[2] == 1) or formula(q, *rest))
+    ours, native_calls = attention.gemv.attend_one, []
+    monkeypatch.setattr(attention.gemv, "attend_one", lambda *args: native_calls.append(1) or ours(*args))
     config = GenerationConfig(max_new_tokens=10, greedy=True, eos_id=None)
-    for preset in ("tiny-decoder-only", "tiny-encoder-decoder"):
+    variants = [("tiny-decoder-only", {}), ("tiny-encoder-decoder", {}), ("tiny-decoder-only", {"n_kv_heads": 1}),
+                ("tiny-decoder-only", {"attention": "local", "window": 4})]  # grouped-query heads; a ring buffer's keys
+    for preset, overrides in variants:
         torch.manual_seed(0)
-        model = prepare_for_inference(build_model(preset, vocab_size=40), pack=False)
+        model = prepare_for_inference(build_model(preset, vocab_size=40, **overrides), pack=False)
         heads = {(m.n_heads, m.head_dim) for m in model.modules() if hasattr(m, "head_dim")}
         assert {(h, d) for (_, h, d), b in attention.ONE_QUERY.items() if b == "math"} == heads
         prompt = torch.randint(4, 40, (2, 6))
@@ -116,6 +120,8 @@ def test_decoding_through_either_backend_gives_the_same_tokens(cache, monkeypatc
             for key in attention.ONE_QUERY:
                 attention.ONE_QUERY[key] = backend
             one_query.clear()
+            native_calls.clear()
             tokens[backend] = generate(as_decoder(copy.deepcopy(model)), prompt, None, config).sequences()
             assert any(one_query) == (backend == "math") and not any(not q for q in one_query)  # the formula: decoding steps only
+            assert bool(native_calls) == (backend == "native")
         assert all(t == tokens["sdpa"] for t in tokens.values())
