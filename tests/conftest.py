@@ -15,6 +15,7 @@ torch.set_num_threads(1)
 # covers the measured choice with its own cache).
 os.environ.setdefault("AIAYN_LINEAR_KERNEL", "packed")
 os.environ.setdefault("AIAYN_ATTENTION_KERNEL", "sdpa")  # likewise one-query attention: torch's fused kernel, as before it was timed
+os.environ.setdefault("AIAYN_ACTIVATION_KERNEL", "torch")  # and GPT-2's GELU: torch's (tests/inference/test_gelu_tanh.py times ours)
 
 
 def pytest_collection_modifyitems(config, items):

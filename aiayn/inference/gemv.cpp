@@ -245,31 +245,48 @@ inline float dot_bf16(const at::BFloat16* a, const at::BFloat16* b, int64_t n) {
 }
 #endif
 
-// x[i] = exp(x[i] - top) for i < n; returns their sum. Vectorised as Cephes' expf (2^k times a degree-6 polynomial of
-// the remainder, relative error about 1e-7); the arguments are clamped at -87 (so a masked key's -inf gives about
+#if defined(__AVX512F__)
+// e^a in 16 lanes, a clamped to [-87, 88] (so -inf gives about 1e-38), as Cephes' expf: 2^k times a degree-6
+// polynomial of the remainder, relative error about 1e-7.
+inline __m512 exp16(__m512 a) {
+  constexpr float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  constexpr float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+  a = _mm512_min_ps(_mm512_max_ps(a, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(ln2_lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(ln2_hi), a));
+  __m512 p = _mm512_set1_ps(c[0]);
+  for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c[j]));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, k);
+}
+
+// 16 fp32 lanes stored at p: as they are, or rounded to the nearest bf16 (ties to even, NaN kept a NaN), as torch rounds.
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(at::BFloat16* p, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+}
+#endif
+
+// x[i] = exp(x[i] - top) for i < n; returns their sum (arguments clamped at -87, so a masked key's -inf gives about
 // 1e-38, nothing beside the largest term's 1).
 inline float exp_shifted(float* x, int64_t n, float top) {
-  constexpr float lo = -87.0f, log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-  constexpr float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
   int64_t i = 0;
   float total = 0.f;
 #if defined(__AVX512F__)
   __m512 acc = _mm512_setzero_ps();
   for (; i + 16 <= n; i += 16) {
-    const __m512 a = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(top)), _mm512_set1_ps(lo));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(ln2_lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(ln2_hi), a));
-    __m512 p = _mm512_set1_ps(c[0]);
-    for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c[j]));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    const __m512 e = _mm512_scalef_ps(p, k);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(top)));
     _mm512_storeu_ps(x + i, e);
     acc = _mm512_add_ps(acc, e);
   }
   total = _mm512_reduce_add_ps(acc);
 #endif
   for (; i < n; ++i) {
-    x[i] = std::exp(std::max(x[i] - top, lo));
+    x[i] = std::exp(std::max(x[i] - top, -87.f));
     total += x[i];
   }
   return total;
@@ -362,14 +379,88 @@ at::Tensor attend_one(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return out;
 }
 
+// GELU with tanh's approximation (GPT-2's activation), 0.5 x (1 + tanh u) with u = sqrt(2/pi) (x + 0.044715 x^3),
+// written as x * sigmoid(2u) (the same function), and its derivative
+// sigmoid(2u) + x sigmoid(2u) (1 - sigmoid(2u)) 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2), in fp32 whatever the tensors' dtype.
+// torch's CPU kernel for it took 4.4x its exact-erf GELU's time (a (12, 64, 512) fp32 tensor, AMX Xeon, 2026-12-05).
+constexpr float kGeluC = 0.7978845608028654f, kGeluA = 0.044715f;
+
+inline float gelu_sigmoid(float x) {  // sigmoid(2u)
+  const float z = 2.f * kGeluC * (x + kGeluA * x * x * x);
+  return 1.f / (1.f + std::exp(std::min(-z, 88.f)));
+}
+
+#if defined(__AVX512F__)
+inline __m512 gelu_sigmoid16(__m512 x) {
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  const __m512 z = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.f * kGeluC), x), _mm512_fmadd_ps(_mm512_set1_ps(kGeluA), x2, _mm512_set1_ps(1.f)));
+  return _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), z))));
+}
+#endif
+
+// y = gelu(x), or (with g) y = g * gelu'(x), for n elements; torch's threads take blocks of them.
+template <typename T>
+void gelu_tanh_rows(const T* x, const T* g, T* y, int64_t n) {
+  at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+#if defined(__AVX512F__)
+    for (; i + 16 <= end; i += 16) {
+      const __m512 xv = load16(x + i);
+      const __m512 sv = gelu_sigmoid16(xv);
+      if (g == nullptr) {
+        store16(y + i, _mm512_mul_ps(xv, sv));
+      } else {
+        const __m512 inner = _mm512_mul_ps(_mm512_set1_ps(2.f * kGeluC), _mm512_fmadd_ps(_mm512_set1_ps(3.f * kGeluA), _mm512_mul_ps(xv, xv), _mm512_set1_ps(1.f)));
+        const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(sv, _mm512_sub_ps(_mm512_set1_ps(1.f), sv)), inner);
+        store16(y + i, _mm512_mul_ps(load16(g + i), _mm512_fmadd_ps(xv, ds, sv)));
+      }
+    }
+#endif
+    for (; i < end; ++i) {
+      const float xf = static_cast<float>(x[i]), sf = gelu_sigmoid(xf);
+      if (g == nullptr) {
+        y[i] = static_cast<T>(xf * sf);
+      } else {
+        const float inner = 2.f * kGeluC * (1.f + 3.f * kGeluA * xf * xf);
+        y[i] = static_cast<T>(static_cast<float>(g[i]) * (sf + xf * sf * (1.f - sf) * inner));
+      }
+    }
+  });
+}
+
+// gelu_tanh(x) and gelu_tanh_backward(grad, x): contiguous fp32 or bf16 CPU tensors of one shape and dtype.
+at::Tensor gelu_tanh_call(const at::Tensor& x, const at::Tensor* grad) {
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "aiayn_native::gelu_tanh: x must be a float32 or bfloat16 CPU tensor, got ", x.scalar_type(), " on ", x.device());
+  TORCH_CHECK(grad == nullptr || (grad->sizes() == x.sizes() && grad->scalar_type() == x.scalar_type() && grad->device().is_cpu()),
+              "aiayn_native::gelu_tanh_backward: grad must have x's shape and dtype");
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor gc = grad ? grad->contiguous() : at::Tensor();
+  at::Tensor y = at::empty_like(xc);
+  if (x.scalar_type() == at::kFloat) {
+    gelu_tanh_rows(xc.const_data_ptr<float>(), grad ? gc.const_data_ptr<float>() : nullptr, y.mutable_data_ptr<float>(), xc.numel());
+  } else {
+    gelu_tanh_rows(xc.const_data_ptr<at::BFloat16>(), grad ? gc.const_data_ptr<at::BFloat16>() : nullptr,
+                   y.mutable_data_ptr<at::BFloat16>(), xc.numel());
+  }
+  return y;
+}
+
+at::Tensor gelu_tanh(const at::Tensor& x) { return gelu_tanh_call(x, nullptr); }
+at::Tensor gelu_tanh_backward(const at::Tensor& grad, const at::Tensor& x) { return gelu_tanh_call(x, &grad); }
+
 }  // namespace
 
 TORCH_LIBRARY(aiayn_native, m) {
   m.def("gemv(Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch=0) -> Tensor");
   m.def("attend_one(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
+  m.def("gelu_tanh(Tensor x) -> Tensor");
+  m.def("gelu_tanh_backward(Tensor grad, Tensor x) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(aiayn_native, CPU, m) {
   m.impl("gemv", &gemv);
   m.impl("attend_one", &attend_one);
+  m.impl("gelu_tanh", &gelu_tanh);
+  m.impl("gelu_tanh_backward", &gelu_tanh_backward);
 }

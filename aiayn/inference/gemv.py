@@ -14,8 +14,9 @@ The source is compiled once per CPU, compiler flags and torch version (``-march=
 into the user cache, ``$XDG_CACHE_HOME/aiayn/native/`` (a few seconds; logged), and loaded as the torch operator
 ``aiayn_native::gemv``, which ``torch.compile`` graphs call as they are (where Inductor writes AVX-512 code:
 :data:`IN_GRAPHS`). The same library holds ``aiayn_native::attend_one``, one query's attention over a key/value cache
-(:func:`attend_one`), a candidate of the one-query attention choice. Without a C++ compiler, or where the build
-fails, :func:`available` says so once in a warning and neither kernel is a candidate.
+(:func:`attend_one`), a candidate of the one-query attention choice, and GPT-2's tanh-approximated GELU with its
+gradient (:func:`gelu_tanh`). Without a C++ compiler, or where the build fails, :func:`available` says so once in a
+warning and none of them is a candidate.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "PREFETCH", "attend_one", "available", "gemv_int8", "gemv_linear", "may_run",
-           "unavailable_reason", "SOURCE"]
+__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "PREFETCH", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
+           "gemv_linear", "may_run", "unavailable_reason", "SOURCE"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,17 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     return torch.ops.aiayn_native.attend_one(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]))
 
 
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU with tanh's approximation (GPT-2's), ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, of an fp32 or bf16
+    CPU tensor, computed in fp32 (call only where :func:`available`)."""
+    return torch.ops.aiayn_native.gelu_tanh(x)
+
+
+def gelu_tanh_backward(grad: Tensor, x: Tensor) -> Tensor:
+    """``grad`` times the derivative of :func:`gelu_tanh` at ``x`` (the same shape and dtype)."""
+    return torch.ops.aiayn_native.gelu_tanh_backward(grad, x)
+
+
 def available() -> bool:
     """Whether ``aiayn_native::gemv`` is loaded here, building it first if it was never built for this machine."""
     return _load() is None
@@ -124,6 +136,8 @@ def _load() -> str | None:
         return _unavailable(f"loading {library} failed: {err}")
     torch.library.register_fake("aiayn_native::gemv")(_fake)
     torch.library.register_fake("aiayn_native::attend_one")(_fake_attend)
+    torch.library.register_fake("aiayn_native::gelu_tanh")(lambda x: torch.empty_like(x))
+    torch.library.register_fake("aiayn_native::gelu_tanh_backward")(lambda grad, x: torch.empty_like(x))
     from aiayn.inference.quantization import avx512_graphs  # here: quantization imports this module
 
     global IN_GRAPHS

@@ -19,6 +19,9 @@ Attention asks it of one query (a decoding step, :func:`choose_attention`): torc
 In bf16 on a Zen 5 EPYC the fused kernel took 1.7x the formula's time at 144 keys and 4x at 512; in fp32 it was the
 faster. ``AIAYN_ATTENTION_KERNEL`` overrides: ``measure`` (the default), ``sdpa``, ``math`` or ``native``.
 
+GPT-2's activation, GELU with tanh's approximation, asks it of torch's kernel and ours (:func:`choose_gelu_tanh`): torch's
+took 4.4x its exact GELU's time on an AMX Xeon. ``AIAYN_ACTIVATION_KERNEL`` overrides: ``measure``, ``torch`` or ``native``.
+
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack; in
 training, oneDNN), ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several;
 in training, ``F.linear``); weight-only int8 layers take torch's kernel under each of them (:func:`choose_int8_kernels`).
@@ -49,7 +52,7 @@ from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "attention_candidates", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
+    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "adopt_gelu_tanh", "attention_candidates", "choose_gelu_tanh", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
     "attention_mode", "cache_path", "choose_attention", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "choose_training_kernels", "kernel_mode", "one_row_kernels",
     "machine_key",
@@ -246,6 +249,65 @@ def _time_attention(dtype: torch.dtype, heads: int, head_dim: int, rounds: int =
             for name in names:
                 total[name] += best[name]
     return total
+
+
+ACTIVATION_ENV_VAR = "AIAYN_ACTIVATION_KERNEL"
+ACTIVATION = ("torch", "native")  # GPT-2's tanh-approximated GELU: torch's kernel, or ours (aiayn.inference.gemv.gelu_tanh)
+ACTIVATION_ELEMENTS = 1 << 20  # elements the activation is timed on: a (1024, 1024) block of a batch's hidden units
+_ACTIVATION_CHOSEN: dict[torch.dtype, str] = {}  # this process's answers, so that a forward reads a dict
+
+
+def choose_gelu_tanh(dtype: torch.dtype) -> str:
+    """Which kernel of :data:`ACTIVATION` computes the tanh-approximated GELU and its gradient in ``dtype`` here:
+    ``torch`` without our native library; else read from the cache or timed once (forward and backward over
+    :data:`ACTIVATION_ELEMENTS` elements, the fastest of five interleaved rounds) and cached beside the other
+    choices. ``$AIAYN_ACTIVATION_KERNEL``: ``measure`` (the default), ``torch`` or ``native``."""
+    if dtype in _ACTIVATION_CHOSEN:
+        return _ACTIVATION_CHOSEN[dtype]
+    mode = env_choice(ACTIVATION_ENV_VAR, ("measure", *ACTIVATION))
+    if mode == "native" and not gemv_available():
+        raise ValueError(f"${ACTIVATION_ENV_VAR}=native: our GELU kernel cannot run here ({unavailable_reason()}); use measure or torch")
+    if mode != "measure" or not gemv_available():
+        choice = "torch" if mode == "measure" else mode
+    else:
+        def timed(dt: torch.dtype) -> tuple[str, str]:
+            times = _time_gelu_tanh(dt)
+            best = min(ACTIVATION, key=lambda name: times[name])
+            return best, ", ".join(f"{name} {times[name]:.3f}" for name in ACTIVATION) + f" ms (forward and backward) -> {best}"
+
+        (choice,) = _cached([f"gelu_tanh {str(dtype).removeprefix('torch.')} ({'/'.join(ACTIVATION)})"], [dtype], ACTIVATION, timed,
+                            "GELU (tanh) kernel", ACTIVATION_ENV_VAR)
+    _ACTIVATION_CHOSEN[dtype] = choice
+    return choice
+
+
+def adopt_gelu_tanh(dtype: torch.dtype, choice: str) -> None:
+    """Take ``choice`` (one of :data:`ACTIVATION`, made elsewhere: distributed training's rank 0) for ``dtype`` in this
+    process, without timing."""
+    if choice not in ACTIVATION:
+        raise ValueError(f"choice must be one of {', '.join(ACTIVATION)}, got {choice!r}")
+    _ACTIVATION_CHOSEN[dtype] = choice
+
+
+def _time_gelu_tanh(dtype: torch.dtype, rounds: int = 5) -> dict[str, float]:
+    """Milliseconds of the tanh-approximated GELU's forward and backward over :data:`ACTIVATION_ELEMENTS` elements by
+    each of :data:`ACTIVATION`: the fastest of ``rounds`` interleaved rounds, after a warm-up call."""
+    from aiayn.inference.gemv import gelu_tanh, gelu_tanh_backward
+
+    x = torch.randn(ACTIVATION_ELEMENTS).to(dtype)
+    grad = torch.randn(ACTIVATION_ELEMENTS).to(dtype)
+    runs: dict[str, Callable[[], object]] = {
+        "torch": lambda: (F.gelu(x, approximate="tanh"), torch.ops.aten.gelu_backward(grad, x, approximate="tanh")),
+        "native": lambda: (gelu_tanh(x), gelu_tanh_backward(grad, x)),
+    }
+    best = dict.fromkeys(ACTIVATION, float("inf"))
+    for r in range(rounds + 1):  # round 0 warms up
+        for name in ACTIVATION[r % 2:] + ACTIVATION[: r % 2]:
+            start = time.perf_counter()
+            runs[name]()
+            if r:
+                best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
+    return best
 
 
 Item = TypeVar("Item")

@@ -40,6 +40,7 @@ from aiayn.checkpoint.state import (
 from aiayn.config_io import save_yaml
 from aiayn.data.batching import padded_length
 from aiayn.evaluation.during_training import bleu_eval_hook
+from aiayn.inference.kernel_choice import adopt_gelu_tanh, choose_gelu_tanh
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
 from aiayn.nn.onednn_linear import training_kernel_choice, use_training_kernels
@@ -209,6 +210,13 @@ def _train(
         if dist_info.enabled:  # rank 0 times alone (a rank timing beside it slows its two-thread kernels); all take its answer
             kernels = all_gather_objects(training_kernel_choice(model, rows) if dist_info.is_main else None, dist_info)[0]
         use_training_kernels(model, rows, kernels=kernels)
+    if device.type == "cpu" and any(getattr(m, "activation", None) == "gelu_tanh" for m in model.modules()):
+        # GPT-2's GELU: torch's kernel or ours, timed once here (rank 0 alone, as above) rather than in the first step
+        gelu_dtype = torch.float32 if precision == "float32" else torch.bfloat16
+        gelu = choose_gelu_tanh(gelu_dtype) if dist_info.is_main else None
+        if dist_info.enabled:
+            gelu = all_gather_objects(gelu, dist_info)[0]
+        adopt_gelu_tanh(gelu_dtype, gelu)  # type: ignore[arg-type]  # rank 0's answer, a str
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
     if fsdp:

@@ -1,0 +1,110 @@
+"""GPT-2's GELU (tanh's approximation) by our kernel (aiayn.inference.gemv.gelu_tanh) and the layer's choice of it
+(aiayn.inference.kernel_choice.choose_gelu_tanh): torch's values and gradients in float64 within each dtype's
+rounding (tails off the vector width, large arguments, zeros), bf16 rounded as torch rounds; chosen by timing, cached,
+overridden; torch's kernel in a graph being compiled."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.inference import kernel_choice
+from aiayn.nn import feedforward
+
+TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)  # a quiet machine (the other test worker is not)
+    monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "measure")
+    monkeypatch.setattr(kernel_choice, "_ACTIVATION_CHOSEN", {})  # this process's answers, empty for the test
+    return tmp_path / "aiayn" / "kernels.json"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(37,), (3, 5, 64), (2, 1000)])
+def test_values_and_gradients_are_torchs(native_gemv, dtype, shape):
+    torch.manual_seed(sum(shape))
+    x = (torch.randn(shape) * 4).to(dtype)
+    x.view(-1)[:6] = torch.tensor([0.0, -30.0, 30.0, 1e-4, -1e-4, 88.0]).to(dtype)
+    grad = torch.randn(shape).to(dtype)
+    wide = x.double().requires_grad_()
+    F.gelu(wide, approximate="tanh").backward(grad.double())
+    y, dx = native_gemv.gelu_tanh(x), native_gemv.gelu_tanh_backward(grad, x)
+    assert y.dtype == dx.dtype == dtype and y.shape == dx.shape == x.shape
+    scale = TOLERANCE[dtype]
+    torch.testing.assert_close(y.double(), F.gelu(x.double(), approximate="tanh"), rtol=scale, atol=scale)
+    torch.testing.assert_close(dx.double(), wide.grad, rtol=scale, atol=4 * scale)
+    if dtype == torch.bfloat16:  # the fp32 result rounded as torch rounds it
+        assert torch.equal(y, native_gemv.gelu_tanh(x.float()).bfloat16())
+
+
+def test_the_layer_takes_the_faster_kernel_cached_and_the_override(native_gemv, cache, monkeypatch):
+    times = {"torch": 2.0, "native": 1.0}
+    monkeypatch.setattr(kernel_choice, "_time_gelu_tanh", lambda dtype: times)
+    calls = []
+    native = native_gemv.gelu_tanh
+    monkeypatch.setattr(native_gemv, "gelu_tanh", lambda x: calls.append(x.shape) or native(x))
+    x = torch.randn(4, 8, requires_grad=True)
+    y = feedforward.gelu_tanh(x)
+    y.sum().backward()
+    assert calls == [(4, 8)] and y.grad_fn is not None
+    torch.testing.assert_close(x.grad, torch.autograd.grad(F.gelu(x, approximate="tanh").sum(), x)[0])
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"gelu_tanh float32 (torch/native)": "native"}
+    kernel_choice._ACTIVATION_CHOSEN.clear()
+    monkeypatch.setattr(kernel_choice, "_time_gelu_tanh", lambda dtype: pytest.fail("timed a dtype the cache decides"))
+    assert kernel_choice.choose_gelu_tanh(torch.float32) == "native"
+    kernel_choice._ACTIVATION_CHOSEN.clear()
+    monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "torch")
+    calls.clear()
+    feedforward.gelu_tanh(x)
+    assert calls == []
+    kernel_choice._ACTIVATION_CHOSEN.clear()
+    monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "fast")
+    with pytest.raises(ValueError, match=r"\$AIAYN_ACTIVATION_KERNEL must be one of measure, torch, native, got 'fast'"):
+        kernel_choice.choose_gelu_tanh(torch.float32)
+
+
+def test_without_our_library_torchs_kernel_runs_and_native_is_refused(cache, monkeypatch):
+    monkeypatch.setattr(kernel_choice, "gemv_available", lambda: False)
+    monkeypatch.setattr(kernel_choice, "unavailable_reason", lambda: "no C++ compiler")
+    assert kernel_choice.choose_gelu_tanh(torch.float32) == "torch"
+    kernel_choice._ACTIVATION_CHOSEN.clear()
+    monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "native")
+    with pytest.raises(ValueError, match=r"\$AIAYN_ACTIVATION_KERNEL=native: our GELU kernel cannot run here \(no C\+\+ compiler\)"):
+        kernel_choice.choose_gelu_tanh(torch.float32)
+
+
+def test_a_graph_being_compiled_takes_torchs(native_gemv, cache, monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(kernel_choice, "choose_gelu_tanh", lambda dtype: pytest.fail("asked while compiling"))
+    x = torch.randn(5)
+    assert torch.equal(feedforward.gelu_tanh(x), F.gelu(x, approximate="tanh"))
+
+
+def test_a_training_run_decides_once_before_its_first_step_and_trains_through_it(native_gemv, cache, tmp_path, monkeypatch):
+    """``aiayn train`` of a model with GPT-2's GELU times the kernel once, before the first step (the answer rank 0's
+    under torchrun), and its steps run it; the loss stays torch's kernel's within fp32 rounding."""
+    from loop_fixtures import lm_config
+
+    from aiayn.inference import gemv
+    from aiayn.training.config import ModelSection
+    from aiayn.training.loop import train
+
+    timed, calls = [], []
+    monkeypatch.setattr(kernel_choice, "_time_gelu_tanh", lambda dtype: timed.append(dtype) or {"torch": 2.0, "native": 1.0})
+    native = gemv.gelu_tanh
+    monkeypatch.setattr(gemv, "gelu_tanh", lambda x: calls.append(1) or native(x))
+    losses = {}
+    for kernel in ("measure", "torch"):
+        monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, kernel)
+        kernel_choice._ACTIVATION_CHOSEN.clear()
+        config = lm_config(tmp_path / kernel, steps=2)
+        config.model = ModelSection(preset="tiny-decoder-only", dropout=0.0, max_len=16, activation="gelu_tanh")
+        metrics = train(config).metrics
+        losses[kernel] = metrics.get("val_loss", metrics.get("train_loss"))
+    assert timed == [torch.float32] and calls  # timed once; the steps ran our kernel (and only under measure)
+    assert abs(losses["measure"] - losses["torch"]) < 1e-4
