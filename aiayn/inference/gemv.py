@@ -10,7 +10,7 @@ weights :data:`PREFETCH` bytes ahead (``native-prefetch``) took bf16 from 0.98 t
 weight-only int8 to 1.79 of its Q8_0 (``docs/benchmarks.md``). Whether each wins is timed per shape, beside the
 others, on each machine (:mod:`aiayn.inference.kernel_choice`).
 
-The source is compiled once per CPU, compiler flags and torch version (``-march=native``: this CPU's vector width)
+The sources (:data:`SOURCES`) are compiled once per CPU, compiler flags and torch version (``-march=native``: this CPU's vector width)
 into the user cache, ``$XDG_CACHE_HOME/aiayn/native/`` (a few seconds; logged), and loaded as the torch operator
 ``aiayn_native::gemv``, which ``torch.compile`` graphs call as they are (where Inductor writes AVX-512 code:
 :data:`IN_GRAPHS`). The same library holds ``aiayn_native::attend_one``, one query's attention over a key/value cache
@@ -42,11 +42,15 @@ from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
 __all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "PREFETCH", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
-           "gemv_linear", "may_run", "unavailable_reason", "SOURCE"]
+           "gemv_linear", "may_run", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("gemv.cpp")
+# The library's sources, built together into one operator library: the matrix-vector product, one query's attention,
+# GPT-2's GELU, and the vector pieces they share (a header).
+SOURCES = (SOURCE, SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"))
+HEADERS = (SOURCE.with_name("simd.h"),)
 BUILD_TIMEOUT_S = 600
 
 
@@ -123,13 +127,14 @@ def _load() -> str | None:
     if not compiler:
         return _unavailable("no C++ compiler (c++ or g++, or $CXX) on PATH")
     flags = _flags()
-    digest = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, cpu_key(), compiler, *flags]).encode()).hexdigest()[:16]
+    texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
+    digest = hashlib.sha256("\n".join([*texts, torch.__version__, cpu_key(), compiler, *flags]).encode()).hexdigest()[:16]
     library = user_cache_dir() / "native" / f"gemv-{digest}.so"
     if not library.exists():
         try:
             _build(compiler, flags, library)
         except (OSError, subprocess.SubprocessError) as err:
-            return _unavailable(f"building {SOURCE.name} with {compiler} failed: {_last_lines(err)}")
+            return _unavailable(f"building {', '.join(path.name for path in SOURCES)} with {compiler} failed: {_last_lines(err)}")
     try:
         torch.ops.load_library(str(library))
     except (OSError, RuntimeError) as err:
@@ -170,13 +175,13 @@ def _flags() -> list[str]:
 
 
 def _build(compiler: str, flags: list[str], library: Path) -> None:
-    """Compile :data:`SOURCE` into ``library``, atomically (a build that fails or is killed leaves nothing behind)."""
+    """Compile :data:`SOURCES` into ``library``, atomically (a build that fails or is killed leaves nothing behind)."""
     library.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(library)
     log.info("building aiayn's matrix-vector kernel for this CPU (%s), once, into %s", cpu_key(), library)
     start = time.perf_counter()
     try:
-        subprocess.run([compiler, str(SOURCE), "-o", str(tmp), *flags, "-ltorch", "-ltorch_cpu", "-lc10"],
+        subprocess.run([compiler, *map(str, SOURCES), "-o", str(tmp), *flags, "-ltorch", "-ltorch_cpu", "-lc10"],
                        check=True, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         os.replace(tmp, library)
     finally:

@@ -1,0 +1,127 @@
+// The vector pieces the native kernels share (aiayn/inference/gemv.cpp, attend_one.cpp, gelu_tanh.cpp; built together
+// by aiayn/inference/gemv.py with -march=native, so each uses this CPU's width): loads widened to fp32, a prefetch hint,
+// the dot products of rows with a vector, a vectorised exp and a bf16 store rounded as torch rounds.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace aiayn_simd {
+
+// Sixteen (AVX-512) or eight (AVX2) weights from w + k, widened to fp32: fp32 as they are, bf16 by a shift into the
+// high half (exact), int8 by sign extension and conversion (exact; the row's scale is applied to the sum).
+#if defined(__AVX512F__)
+inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
+inline __m512 load16(const at::BFloat16* w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), 16));
+}
+inline __m512 load16(const int8_t* w) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)))); }
+#elif defined(__AVX2__) && defined(__FMA__)
+inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+inline __m256 load8(const at::BFloat16* w) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))), 16));
+}
+inline __m256 load8(const int8_t* w) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)))); }
+#endif
+
+// Ask for the cache lines of `bytes` bytes at p into L2 (a hint: no fault past the end of the weight).
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, 2);
+}
+
+// The dot products of R weight rows (`n` apart from one another) with x (fp32), each in four independent partial
+// sums (so the additions do not wait on one another), then summed into out[r]; `ahead` > 0 prefetches the weights
+// that many bytes ahead. With R = 2 each x vector is read once for both rows; each row's sums are the same operations
+// in the same order whatever R, so the same bits whichever rows a thread's block pairs.
+template <int R, typename W>
+inline void dots(const W* __restrict w, const float* __restrict x, int64_t n, int64_t ahead, float* out) {
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  __m512 a[R][4];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
+  for (; k + 64 <= n; k += 64) {
+    for (int r = 0; r < R && ahead; ++r) prefetch_l2(reinterpret_cast<const char*>(w + r * n + k) + ahead, 64 * sizeof(W));
+    for (int j = 0; j < 4; ++j) {
+      const __m512 xj = _mm512_loadu_ps(x + k + 16 * j);
+      for (int r = 0; r < R; ++r) a[r][j] = _mm512_fmadd_ps(load16(w + r * n + k + 16 * j), xj, a[r][j]);
+    }
+  }
+  for (; k + 16 <= n; k += 16) {
+    const __m512 xk = _mm512_loadu_ps(x + k);
+    for (int r = 0; r < R; ++r) a[r][0] = _mm512_fmadd_ps(load16(w + r * n + k), xk, a[r][0]);
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3])));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a[R][4];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
+  for (; k + 32 <= n; k += 32) {
+    for (int r = 0; r < R && ahead; ++r) prefetch_l2(reinterpret_cast<const char*>(w + r * n + k) + ahead, 32 * sizeof(W));
+    for (int j = 0; j < 4; ++j) {
+      const __m256 xj = _mm256_loadu_ps(x + k + 8 * j);
+      for (int r = 0; r < R; ++r) a[r][j] = _mm256_fmadd_ps(load8(w + r * n + k + 8 * j), xj, a[r][j]);
+    }
+  }
+  for (; k + 8 <= n; k += 8) {
+    const __m256 xk = _mm256_loadu_ps(x + k);
+    for (int r = 0; r < R; ++r) a[r][0] = _mm256_fmadd_ps(load8(w + r * n + k), xk, a[r][0]);
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3]));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    out[r] = _mm_cvtss_f32(h);
+  }
+#else
+  for (int r = 0; r < R; ++r) out[r] = 0.f;
+#endif
+  for (int r = 0; r < R; ++r) {
+    for (int64_t i = k; i < n; ++i) out[r] += static_cast<float>(w[r * n + i]) * x[i];
+  }
+}
+
+#if defined(__AVX512BF16__)
+// The dot product of two bf16 rows of n elements (n a multiple of 32), the products of pairs summed in fp32.
+inline float dot_bf16(const at::BFloat16* a, const at::BFloat16* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 32) {
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+#endif
+
+#if defined(__AVX512F__)
+// e^a in 16 lanes, a clamped to [-87, 88] (so -inf gives about 1e-38), as Cephes' expf: 2^k times a degree-6
+// polynomial of the remainder, relative error about 1e-7.
+inline __m512 exp16(__m512 a) {
+  constexpr float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  constexpr float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+  a = _mm512_min_ps(_mm512_max_ps(a, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(ln2_lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(ln2_hi), a));
+  __m512 p = _mm512_set1_ps(c[0]);
+  for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c[j]));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, k);
+}
+
+// 16 fp32 lanes stored at p: as they are, or rounded to the nearest bf16 (ties to even, NaN kept a NaN), as torch rounds.
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(at::BFloat16* p, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+}
+#endif
+
+}  // namespace aiayn_simd
