@@ -16,7 +16,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <limits>
 #include <type_traits>
 #include <vector>
 

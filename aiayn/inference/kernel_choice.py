@@ -172,10 +172,17 @@ ATTENTION_KEYS = (64, 256, 1024)  # the key lengths a one-query call is timed at
 def attention_mode() -> str:
     """``$AIAYN_ATTENTION_KERNEL`` (default ``measure``); a ``ValueError`` naming it for another value, and for
     ``native`` where our kernel cannot run (saying why)."""
-    mode = env_choice(ATTENTION_ENV_VAR, ("measure", *ATTENTION))
+    return _native_mode(ATTENTION_ENV_VAR, ATTENTION, "one-query kernel")
+
+
+def _native_mode(variable: str, kernels: tuple[str, ...], what: str) -> str:
+    """``$variable``, ``measure`` or one of ``kernels`` (:func:`~aiayn.environment.env_choice`), refused with the reason
+    where it names ``native`` and our library cannot run here."""
+    mode = env_choice(variable, ("measure", *kernels))
     if mode == "native" and not gemv_available():
-        raise ValueError(f"${ATTENTION_ENV_VAR}=native: our one-query kernel cannot run here ({unavailable_reason()}); "
-                         "use measure, sdpa or math")
+        others = ["measure", *(name for name in kernels if name != "native")]
+        raise ValueError(f"${variable}=native: our {what} cannot run here ({unavailable_reason()}); "
+                         f"use {', '.join(others[:-1])} or {others[-1]}")
     return mode
 
 
@@ -235,17 +242,16 @@ def _time_attention(dtype: torch.dtype, heads: int, head_dim: int, rounds: int =
     with torch.no_grad():
         for length in ATTENTION_KEYS:
             q = torch.randn(1, heads, 1, head_dim).to(dtype)
-            size = 2 * heads * length * head_dim * q.element_size()
             copies = [(torch.randn(1, heads, length, head_dim).to(dtype), torch.randn(1, heads, length, head_dim).to(dtype))
-                      for _ in range(max(1, min(MAX_COPIES, -(-COLD_BYTES // size))))]
-            best = dict.fromkeys(names, float("inf"))
-            for r in range(rounds + 1):  # round 0 warms up
-                for name in names[r % len(names):] + names[: r % len(names)]:  # each backend first in turn
-                    start = time.perf_counter()
+                      for _ in range(_cold_copies(2 * heads * length * head_dim * q.element_size()))]
+
+            def attend(name: str, q: Tensor = q, copies: list[tuple[Tensor, Tensor]] = copies) -> Callable[[], None]:
+                def run() -> None:
                     for k, v in copies:
                         scaled_dot_product_attention(q, k, v, backend=name)
-                    if r:
-                        best[name] = min(best[name], (time.perf_counter() - start) * 1e3 / len(copies))
+                return run
+
+            best = _fastest_rounds({name: attend(name) for name in names}, rounds, per=len(copies))
             for name in names:
                 total[name] += best[name]
     return total
@@ -264,9 +270,7 @@ def choose_gelu_tanh(dtype: torch.dtype) -> str:
     choices. ``$AIAYN_ACTIVATION_KERNEL``: ``measure`` (the default), ``torch`` or ``native``."""
     if dtype in _ACTIVATION_CHOSEN:
         return _ACTIVATION_CHOSEN[dtype]
-    mode = env_choice(ACTIVATION_ENV_VAR, ("measure", *ACTIVATION))
-    if mode == "native" and not gemv_available():
-        raise ValueError(f"${ACTIVATION_ENV_VAR}=native: our GELU kernel cannot run here ({unavailable_reason()}); use measure or torch")
+    mode = _native_mode(ACTIVATION_ENV_VAR, ACTIVATION, "GELU kernel")
     if mode != "measure" or not gemv_available():
         choice = "torch" if mode == "measure" else mode
     else:
@@ -300,13 +304,25 @@ def _time_gelu_tanh(dtype: torch.dtype, rounds: int = 5) -> dict[str, float]:
         "torch": lambda: (F.gelu(x, approximate="tanh"), torch.ops.aten.gelu_backward(grad, x, approximate="tanh")),
         "native": lambda: (gelu_tanh(x), gelu_tanh_backward(grad, x)),
     }
-    best = dict.fromkeys(ACTIVATION, float("inf"))
+    return _fastest_rounds(runs, rounds)
+
+
+def _fastest_rounds(runs: dict[str, Callable[[], object]], rounds: int, *, per: int = 1,
+                    after: Callable[[], None] | None = None) -> dict[str, float]:
+    """Milliseconds of each of ``runs``, one call of it divided by ``per`` (the calls it makes inside): the fastest of
+    ``rounds`` interleaved rounds, each run first in turn, after a warm-up round (another process taking the core only
+    ever adds time). ``after`` runs untimed after each call."""
+    names = tuple(runs)
+    best = dict.fromkeys(names, float("inf"))
     for r in range(rounds + 1):  # round 0 warms up
-        for name in ACTIVATION[r % 2:] + ACTIVATION[: r % 2]:
+        for name in names[r % len(names):] + names[: r % len(names)]:
             start = time.perf_counter()
             runs[name]()
+            elapsed = (time.perf_counter() - start) * 1e3 / per
             if r:
-                best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
+                best[name] = min(best[name], elapsed)
+            if after is not None:
+                after()
     return best
 
 
@@ -390,6 +406,11 @@ COLD_BYTES = 96 << 20  # more than a server CPU's last-level cache (32 MiB on th
 MAX_COPIES = 64
 
 
+def _cold_copies(size: int) -> int:
+    """How many copies of ``size`` bytes together pass :data:`COLD_BYTES` (at most :data:`MAX_COPIES`, at least one)."""
+    return max(1, min(MAX_COPIES, -(-COLD_BYTES // size)))
+
+
 def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int = 7) -> dict[str, float]:
     """Milliseconds a call of ``rows`` rows through each kernel of ``names``: the mean call of a round, one call on
     each copy of the weight, in the fastest of ``rounds`` interleaved rounds (another process taking the core only
@@ -403,7 +424,7 @@ def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int
     the fastest fp32 768 -> 768 call through MKL took 31 us, at 76 GB/s, against 51 us for its mean; 2026-12-05)."""
     w = weight.detach()
     size = w.numel() * w.element_size()
-    copies = max(1, min(MAX_COPIES, -(-COLD_BYTES // size)))
+    copies = _cold_copies(size)
     weights = [w.clone() for _ in range(copies)]
     x = torch.randn(rows, w.shape[1], dtype=w.dtype if w.is_floating_point() else torch.float32)  # int8: fp32 inputs
     runs = {name: [_kernel(name, c, x) for c in weights] for name in names}
@@ -432,16 +453,15 @@ def _time_training(weight: Tensor, rows: int, rounds: int = 3) -> dict[str, floa
     w = weight.detach().clone().requires_grad_(True)
     x = torch.randn(rows, w.shape[1], dtype=w.dtype, requires_grad=True)
     grad = torch.randn(rows, w.shape[0], dtype=w.dtype)
-    runs: dict[str, Callable[[], Tensor]] = {"plain": lambda: F.linear(x, w), "onednn": lambda: OneDNNLinearFunction.apply(x, w, None)}
-    times: dict[str, list[float]] = {name: [] for name in TRAINING}
-    for r in range(rounds + 1):  # round 0 warms up
-        for name in TRAINING[r % 2:] + TRAINING[: r % 2]:
-            start = time.perf_counter()
-            runs[name]().backward(grad)
-            if r:
-                times[name].append((time.perf_counter() - start) * 1e3)
-            x.grad = w.grad = None
-    return {name: min(times[name]) for name in TRAINING}
+    runs: dict[str, Callable[[], object]] = {
+        "plain": lambda: F.linear(x, w).backward(grad),
+        "onednn": lambda: OneDNNLinearFunction.apply(x, w, None).backward(grad),
+    }
+
+    def clear() -> None:
+        x.grad = w.grad = None
+
+    return _fastest_rounds(runs, rounds, after=clear)
 
 
 def _kernel(name: str, weight: Tensor, x: Tensor) -> Callable[[], Tensor]:

@@ -86,7 +86,7 @@ def scaled_dot_product_attention(
     Returns ``(output (B, H, T, Dv), weights (B, H, T, S) or None)``; weights only from ``"math"``.
     Raises ``ValueError`` for an unknown backend or mismatched shapes, ``TypeError`` for a non-bool mask.
     """
-    if backend not in BACKENDS and backend != "native":
+    if backend not in BACKENDS and backend not in ONE_QUERY_BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if return_weights and backend not in ("math", "auto"):
         raise ValueError(f"return_weights=True needs backend='math', got backend={backend!r}")

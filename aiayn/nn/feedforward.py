@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.inference import gemv
+from aiayn.inference import gemv, kernel_choice
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "gelu_tanh"]
 
@@ -64,9 +64,7 @@ def gelu_tanh(x: Tensor) -> Tensor:
     torch's took 4.4x its exact GELU's time on an AMX Xeon), else torch's; torch's in a graph being compiled."""
     if x.device.type != "cpu" or x.dtype not in gemv.DTYPES or torch.compiler.is_compiling():
         return F.gelu(x, approximate="tanh")
-    from aiayn.inference.kernel_choice import choose_gelu_tanh  # here: aiayn.inference's modules import aiayn.nn
-
-    if choose_gelu_tanh(x.dtype) != "native":
+    if kernel_choice.choose_gelu_tanh(x.dtype) != "native":
         return F.gelu(x, approximate="tanh")
     return _GeluTanh.apply(x)
 
