@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch._inductor.config as inductor_config
 from torch import Tensor, nn
 
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState
@@ -165,7 +164,7 @@ class CausalLMDecoder:
         _warn_if_training(model)
         self.model, self.use_cache, self.compiled = model, use_cache, compile
         self.static_cache = (static_cache or compile) and blocker is None
-        self._step = compiled_step(model) if compile else _decode_one
+        self._step = _chosen_step(model) if compile else _decode_one
         # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
         # scores depend only on distances, which left padding does not change.
         self._column_positions = model.positions.kind in ("alibi", "none")
@@ -337,6 +336,8 @@ def compiled_step(model: nn.Module, options: dict[str, Any] | None = None) -> Ca
     compiled: build a new decoder after changing them. Dynamo reads ``freezing`` from the global config while it
     traces (the ``options`` of ``torch.compile`` reach only Inductor), so it is switched on around each call.
     ``options``: more Inductor settings for this step (``benchmarks/compile_options.py`` tries some)."""
+    import torch._inductor.config as inductor_config  # here, not at module level: it imports Dynamo (70 MB, 0.9 s)
+
     from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.precision import PackedLinear
     from aiayn.inference.quantization import Int8Linear, avx512_graphs
@@ -359,6 +360,15 @@ def compiled_step(model: nn.Module, options: dict[str, Any] | None = None) -> Ca
                 inductor_config.freezing, inductor_config.cpp.weight_prepack = saved
 
     return frozen
+
+
+def _chosen_step(model: nn.Module) -> Callable[..., Tensor]:
+    """:func:`compiled_step` through the wrapper timed fastest here (:mod:`aiayn.decoding.step_wrapper`); Inductor's
+    Python wrapper alone where it writes AVX2 code (the C++ one is untested there)."""
+    from aiayn.decoding.step_wrapper import WRAPPERS, ChosenStep
+    from aiayn.inference.quantization import avx512_graphs
+
+    return ChosenStep(model, compiled_step, WRAPPERS if avx512_graphs() else WRAPPERS[:1])
 
 
 # A guard's source in a layer after the first: its modules and weights, or its cache.

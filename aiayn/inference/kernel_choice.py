@@ -54,8 +54,7 @@ from aiayn.untrusted import read_json_file
 __all__ = [
     "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "adopt_gelu_tanh", "attention_candidates", "choose_gelu_tanh", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
     "attention_mode", "cache_path", "choose_attention", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
-    "choose_training_kernels", "kernel_mode", "one_row_kernels",
-    "machine_key",
+    "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
 
 log = logging.getLogger(__name__)
@@ -334,35 +333,49 @@ def _cached(shapes: list[str], items: Sequence[Item], valid: tuple[str, ...], ti
     """The choice for each of ``shapes`` (one of ``valid``): from the cache, else ``timed(item)`` -> (choice, the
     timings in words), each distinct shape once; new choices logged in one INFO line (naming ``env``, the override)
     and written back."""
-    path, key = cache_path(), machine_key()
-    known = {shape: str(choice) for shape, choice in _read(path).get(key, {}).items() if choice in valid}
+    known = cached_choices(valid)
     lines: list[str] = []
-    start = _cpu_seconds()
+    start = cpu_seconds()
     for shape, item in zip(shapes, items):
         if shape not in known:
             known[shape], words = timed(item)
             lines.append(f"{shape}: {words}")
-    others = _others_share(start, _cpu_seconds()) if lines else 0.0  # nothing timed: nothing to doubt
+    remember_choices(known, lines, start, what, env)
+    return [known[shape] for shape in shapes]
+
+
+def cached_choices(valid: tuple[str, ...]) -> dict[str, str]:
+    """This machine's cached choices (:func:`machine_key`) that name one of ``valid``, by shape."""
+    return {shape: str(choice) for shape, choice in _read(cache_path()).get(machine_key(), {}).items() if choice in valid}
+
+
+def remember_choices(known: dict[str, str], lines: list[str], start: tuple[float, float, float] | None, what: str,
+                     env: str) -> None:
+    """Cache ``known`` (shape -> choice) for this machine, with ``lines`` (the timings in words, one per new choice,
+    made since ``start``, a :func:`cpu_seconds` reading) logged in one INFO line naming ``env``, the override; not
+    cached, with a warning, when other work took more than :data:`BUSY_SHARE` of a core meanwhile."""
+    if not lines:
+        return
+    path, key = cache_path(), machine_key()
+    others = _others_share(start, cpu_seconds())
     if others > BUSY_SHARE:  # a kernel of several threads loses to one of one thread when a core is taken
         log.warning("%s timed while other work took %.0f%% of a core (%s): used now, not cached, timed again at the next "
                     "load: %s", what, 100 * others, key, "; ".join(lines))
-        return [known[shape] for shape in shapes]
-    if lines:
-        log.info("%s timed on this machine (%s), cached in %s ($%s overrides): %s", what, key, path, env, "; ".join(lines))
-        table = _read(path)  # another process may have written meanwhile
-        table[key] = {**table.get(key, {}), **known}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(path, json.dumps(table, indent=1, sort_keys=True).encode())
-        except OSError as err:  # a read-only home: choose again next time
-            log.warning("could not cache the kernel choice in %s: %s", path, err)
-    return [known[shape] for shape in shapes]
+        return
+    log.info("%s timed on this machine (%s), cached in %s ($%s overrides): %s", what, key, path, env, "; ".join(lines))
+    table = _read(path)  # another process may have written meanwhile
+    table[key] = {**table.get(key, {}), **known}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(table, indent=1, sort_keys=True).encode())
+    except OSError as err:  # a read-only home: choose again next time
+        log.warning("could not cache the kernel choice in %s: %s", path, err)
 
 
 BUSY_SHARE = 0.1  # other work above a tenth of a core during the timings: the machine was not quiet
 
 
-def _cpu_seconds() -> tuple[float, float, float] | None:
+def cpu_seconds() -> tuple[float, float, float] | None:
     """(wall seconds, CPU seconds of every process and of the hypervisor's steal, this process's CPU seconds) now,
     from ``/proc/stat``; ``None`` where there is none (not Linux)."""
     try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -168,6 +167,8 @@ class PackedLinear(nn.Linear):
         if torch.compiler.is_compiling():
             # A graph holds oneDNN's packed tensor only as a constant (Inductor's freezing, as the compiled decode step
             # runs: aiayn.decoding.adapters.compiled_step), packed when the step was built; otherwise the plain matmul.
+            import torch._inductor.config as inductor_config  # here: at module level it would import Dynamo (70 MB) into every run
+
             return self._packed_call(x) if inductor_config.freezing else F.linear(x, self.weight, self.bias)
         return self.packed_forward(x)
 
