@@ -22,6 +22,9 @@ holds freed memory for ten of its steps by default (``train.hold_freed_steps``; 
 Under glibc's malloc, ``train.malloc_mmap_threshold`` fixes its mmap threshold for a run (:func:`set_mmap_threshold`):
 less memory too (2,616 -> 1,531 MB over 60 Multi30k steps), but every large tensor is then a fresh ``mmap`` whose pages
 are faulted in, and on an AMX Xeon it halved the steps per second, so no recipe sets it.
+
+``train.onednn_cache_capacity`` bounds the other store that grows with the batch shapes: oneDNN's cache of compiled
+primitives (:func:`set_onednn_cache_capacity`).
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from pathlib import Path
 
 from aiayn.environment import env_choice
 
-__all__ = ["CHOICES", "ENV_VAR", "allocator_mode", "describe", "hold_freed_memory", "mimalloc_path", "preload_env",
-           "reexec_with_allocator", "set_mmap_threshold"]
+__all__ = ["CHOICES", "ENV_VAR", "ONEDNN_CACHE_ENV", "allocator_mode", "describe", "hold_freed_memory", "mimalloc_path",
+           "preload_env", "reexec_with_allocator", "set_mmap_threshold", "set_onednn_cache_capacity"]
 
 log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
@@ -148,4 +151,18 @@ def set_mmap_threshold(threshold: int) -> bool:
     if mallopt is None or not mallopt(M_MMAP_THRESHOLD, threshold):
         log.warning("train.malloc_mmap_threshold=%d: this C library has no glibc mallopt; the setting is ignored", threshold)
         return False
+    return True
+
+
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # oneDNN's own variable (DNNL_PRIMITIVE_CACHE_CAPACITY is its old name)
+
+
+def set_onednn_cache_capacity(capacity: int, env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Have oneDNN keep at most ``capacity`` compiled primitives (``train.onednn_cache_capacity``); False where the
+    user set the variable already (theirs is kept). oneDNN keeps one set of primitives per matmul shape, up to 1,024
+    by default, and each holds its JIT code and buffers: with batches of many shapes they are much of what a run's
+    memory grows by. oneDNN reads the variable once, at its first primitive, so call this before any bf16 matmul."""
+    if ONEDNN_CACHE_ENV in env or "DNNL_PRIMITIVE_CACHE_CAPACITY" in env:
+        return False
+    env[ONEDNN_CACHE_ENV] = str(capacity)
     return True

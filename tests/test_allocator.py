@@ -2,7 +2,9 @@
 installed, keeps what the user preloads, and names $AIAYN_ALLOCATOR when its value is wrong; under glibc's
 malloc, train.malloc_mmap_threshold returns a freed large block to the OS (with glibc's default, the second
 one stays in the heap), and a bad value is refused naming the key; training's hold on freed memory is set in
-mimalloc, and a delay the user set is kept."""
+mimalloc, and a delay the user set is kept; train.onednn_cache_capacity, set after torch loads, is the capacity oneDNN
+uses (none: a second identical matmul makes its primitive again), a capacity the user set is kept, and a bad one is
+refused naming the key."""
 
 import os
 import subprocess
@@ -110,3 +112,44 @@ def test_a_fixed_threshold_returns_freed_large_blocks_to_the_os():
 def test_a_bad_threshold_is_refused_naming_the_key(bad):
     with pytest.raises(ValueError, match=rf"train\.malloc_mmap_threshold={bad!r} must be an int in \[1, 33554432\]"):
         LoopSection(malloc_mmap_threshold=bad)
+
+
+# The same bf16 matmul twice, oneDNN's log on: does the second find the first's primitive in the cache?
+CACHE_PROGRAM = """
+import os, sys
+import torch
+from aiayn.allocator import set_onednn_cache_capacity
+if sys.argv[1] != "default":
+    assert set_onednn_cache_capacity(int(sys.argv[1]))
+os.environ["ONEDNN_VERBOSE"] = "2"  # read at oneDNN's first primitive too
+x, linear = torch.randn(8, 64, dtype=torch.bfloat16), torch.nn.Linear(64, 64).to(torch.bfloat16)
+linear(x)
+linear(x)
+"""
+
+
+def _cache_lookups(capacity: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("PRIMITIVE_CACHE_CAPACITY") and k != "ONEDNN_VERBOSE"}
+    out = subprocess.run([sys.executable, "-c", CACHE_PROGRAM, capacity], capture_output=True, text=True, check=True, env=env)
+    return [word for line in out.stdout.splitlines() for word in line.split(",") if word.startswith("create:cache_")]
+
+
+def test_the_onednn_cache_capacity_set_after_torch_loads_is_the_one_onednn_uses():
+    default = _cache_lookups("default")
+    if not default:
+        pytest.skip("this CPU runs bf16 matmuls outside oneDNN (no oneDNN primitive logged)")
+    assert default == ["create:cache_miss", "create:cache_hit"]
+    assert _cache_lookups("0") == ["create:cache_miss", "create:cache_miss"]  # no cache: made again
+
+
+def test_an_onednn_cache_capacity_the_user_set_is_kept():
+    env = {"DNNL_PRIMITIVE_CACHE_CAPACITY": "64"}
+    assert not allocator.set_onednn_cache_capacity(128, env) and env == {"DNNL_PRIMITIVE_CACHE_CAPACITY": "64"}
+    env = {}
+    assert allocator.set_onednn_cache_capacity(128, env) and env == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128"}
+
+
+@pytest.mark.parametrize("bad", [-1, 2**21, 1.5, "128"])
+def test_a_bad_onednn_cache_capacity_is_refused_naming_the_key(bad):
+    with pytest.raises(ValueError, match=r"train\.onednn_cache_capacity=.* must be an int in \[0, 1048576\]"):
+        LoopSection(onednn_cache_capacity=bad)

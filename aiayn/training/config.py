@@ -213,6 +213,7 @@ class LoopSection:
     cpu_offload: bool = False  # fsdp: keep the sharded parameters and optimizer state in CPU memory
     activation_checkpointing: bool = False  # recompute each block's activations in backward (less memory)
     hold_freed_steps: int = 10  # mimalloc keeps freed memory this many steps' time (0: its own second; docs/training.md)
+    onednn_cache_capacity: int | None = None  # oneDNN keeps at most this many compiled primitives (less memory with many batch shapes); None = its 1,024
     malloc_mmap_threshold: int | None = None  # glibc: a fixed mmap threshold in bytes (65536: less peak RSS, half the speed on an AMX Xeon; docs/benchmarks.md); None = glibc's own
 
     def __post_init__(self) -> None:
@@ -240,6 +241,9 @@ class LoopSection:
         check_choice("train.parallel", self.parallel, ("ddp", "fsdp"))
         rule(is_int(self.hold_freed_steps) and 0 <= self.hold_freed_steps <= 1000,
              "train.hold_freed_steps", self.hold_freed_steps, "must be an int in [0, 1000] (0: the allocator's own delay)")
+        if self.onednn_cache_capacity is not None:
+            rule(is_int(self.onednn_cache_capacity) and 0 <= self.onednn_cache_capacity <= 2**20, "train.onednn_cache_capacity",
+                 self.onednn_cache_capacity, "must be an int in [0, 1048576] (0: no cache) or null (oneDNN's 1,024)")
         if self.malloc_mmap_threshold is not None:
             rule(is_int(self.malloc_mmap_threshold) and 0 < self.malloc_mmap_threshold <= 32 * 2**20,
                  "train.malloc_mmap_threshold", self.malloc_mmap_threshold, "must be an int in [1, 33554432] (glibc's maximum) or null")
