@@ -338,10 +338,12 @@ def compiled_step(model: nn.Module, options: dict[str, Any] | None = None) -> Ca
     ``options``: more Inductor settings for this step (``benchmarks/compile_options.py`` tries some)."""
     import torch._inductor.config as inductor_config  # here, not at module level: it imports Dynamo (70 MB, 0.9 s)
 
+    from aiayn.inference import gemv
     from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.precision import PackedLinear
     from aiayn.inference.quantization import Int8Linear, avx512_graphs
 
+    gemv.allow_in_graphs()  # our kernels in the graph only where Inductor writes AVX-512 code
     for module in model.modules():
         if isinstance(module, (PackedLinear, Int8DynamicLinear)):  # the packed weights the graph will call
             module.refresh()

@@ -41,7 +41,7 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "PREFETCH", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
+__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "PREFETCH", "allow_in_graphs", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
            "gemv_linear", "may_run", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
@@ -61,17 +61,27 @@ DTYPES = (torch.float32, torch.bfloat16)  # the floating-point weights it takes 
 # throw-away sweeps). Other CPUs may lose by it, so both are candidates.
 PREFETCH = 16 << 10
 KERNELS = {"native": 0, "native-prefetch": PREFETCH}  # the kernel's names in the timed choice: bytes prefetched ahead
-# Whether compiled graphs call it: set at load, where Inductor writes AVX-512 code. Under its AVX2 code (checked with
-# ATEN_CPU_CAPABILITY=avx2 on a Zen 5 EPYC, 2026-12-04) a compiled decode step around it gave NaN or wrong logits,
-# frozen or not, while the kernel alone and a small compiled graph were right: there a graph takes the layer's
-# other kernel (aiayn.inference.quantization.avx512_graphs has the same story for int4 and int8).
+# Whether compiled graphs call it: set before a decode step compiles (allow_in_graphs), where Inductor writes AVX-512
+# code. Under its AVX2 code (checked with ATEN_CPU_CAPABILITY=avx2 on a Zen 5 EPYC, 2026-12-04) a compiled decode step
+# around it gave NaN or wrong logits, frozen or not, while the kernel alone and a small compiled graph were right:
+# there a graph takes the layer's other kernel (aiayn.inference.quantization.avx512_graphs has the same story for int4
+# and int8). Not asked at load: Inductor's answer imports Dynamo (70 MB, 0.9 s) into every eager process.
 IN_GRAPHS = False
 
 
 def may_run() -> bool:
     """Whether a call made now may take the kernel: always eagerly; in a graph being compiled only where
     :data:`IN_GRAPHS` (the layers' one rule; Dynamo reads it as a constant)."""
-    return IN_GRAPHS or not torch.compiler.is_compiling()
+    return not torch.compiler.is_compiling() or IN_GRAPHS
+
+
+def allow_in_graphs() -> bool:
+    """Set :data:`IN_GRAPHS` for this machine (before a graph that may call the kernel is traced) and return it."""
+    from aiayn.inference.quantization import avx512_graphs  # here: quantization imports this module
+
+    global IN_GRAPHS
+    IN_GRAPHS = available() and avx512_graphs()
+    return IN_GRAPHS
 
 
 def gemv_linear(x: Tensor, weight: Tensor, bias: Tensor | None, prefetch: int = 0) -> Tensor:
@@ -143,10 +153,6 @@ def _load() -> str | None:
     torch.library.register_fake("aiayn_native::attend_one")(_fake_attend)
     torch.library.register_fake("aiayn_native::gelu_tanh")(lambda x: torch.empty_like(x))
     torch.library.register_fake("aiayn_native::gelu_tanh_backward")(lambda grad, x: torch.empty_like(x))
-    from aiayn.inference.quantization import avx512_graphs  # here: quantization imports this module
-
-    global IN_GRAPHS
-    IN_GRAPHS = avx512_graphs()
     return None
 
 

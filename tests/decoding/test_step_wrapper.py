@@ -1,10 +1,14 @@
 """The compiled step's wrapper chosen by timing (aiayn.decoding.step_wrapper): the first steps run each wrapper in turn,
 the faster is kept and cached, a later decoder compiles only the cached one, the override is obeyed and a bad one
 refused naming the variable, a C++ wrapper that does not build leaves the Python one; and on a real model the tokens
-and logits of steps alternating between the two wrappers are the eager step's."""
+and logits of steps alternating between the two wrappers are the eager step's; and eager decoding never imports
+Dynamo."""
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,3 +128,26 @@ def test_steps_alternating_between_the_wrappers_give_the_eager_logits(cache):
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # one graph each: not one wrapper's reused
         (entry,) = json.loads(cache.read_text()).values()
         assert list(entry.values())[0] in sw.WRAPPERS  # decided after the timed steps, and cached
+
+
+def test_eager_decoding_does_not_import_dynamo():
+    """Only a step that compiles asks Inductor anything (the wrapper, whether our kernels go in its graphs): importing
+    Dynamo costs an eager process 70 MB and 0.9 s."""
+    program = """
+import sys
+sys.path.insert(0, "tests/decoding")
+import torch
+from decoding_helpers import gpt
+from aiayn.decoding import CausalLMDecoder, GenerationConfig, generate
+from aiayn.inference import gemv
+from aiayn.inference.precision import pack_linears
+gemv.available()  # our native library loaded, where it builds
+model = gpt("rotary")
+pack_linears(model)
+generate(CausalLMDecoder(model, static_cache=True), torch.tensor([[1, 2, 3]]), None, GenerationConfig(max_new_tokens=3, greedy=True, eos_id=None))
+print("torch._dynamo" in sys.modules)
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", program], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "False"
