@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
 import pytest
 import torch
 from loop_fixtures import lm_config, translation_config
 
 from aiayn import build_model
+from aiayn.allocator import ONEDNN_CACHE_ENV
 from aiayn.checkpoint.weights import read_safetensors
 from aiayn.data import LMBatch
 from aiayn.training import precision as precision_module
@@ -110,17 +112,21 @@ def test_master_weights_refuse_compile_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_is_bit_for_bit_with_every_new_option_on(tmp_path):
-    """bf16-master, batch lengths padded to a multiple of 8, the chunked cross-entropy (always on), dropout on:
-    6 steps straight == 3 steps, stop, resume to 6 (losses and saved weights, bit for bit)."""
+def test_resume_is_bit_for_bit_with_every_new_option_on(tmp_path, monkeypatch):
+    """bf16-master, batch lengths padded to a multiple of 8, the chunked cross-entropy (always on), oneDNN's primitive
+    cache bounded, dropout on: 6 steps straight == 3 steps, stop, resume to 6 (losses and saved weights, bit for bit)."""
+    monkeypatch.setenv(ONEDNN_CACHE_ENV, "")
+    monkeypatch.delenv(ONEDNN_CACHE_ENV)  # unset now, and unset again after the test (training sets it)
+
     def config(name: str, **loop: object):
-        c = translation_config(tmp_path / name, steps=6, save_every=3, eval_every=6, precision="bf16-master", **loop)
+        c = translation_config(tmp_path / name, steps=6, save_every=3, eval_every=6, precision="bf16-master",
+                               onednn_cache_capacity=16, **loop)
         return dataclasses.replace(c, data=dataclasses.replace(c.data, pad_to_multiple=8))
 
     straight = train(config("a"))
     train(config("b", stop_after=3))
     resumed = train(config("b"))
-    assert resumed.step == 6
+    assert resumed.step == 6 and os.environ[ONEDNN_CACHE_ENV] == "16"  # what oneDNN reads at its first primitive
     losses = [{r["step"]: r["loss"] for r in read_metrics(run.run_dir) if "loss" in r} for run in (straight, resumed)]
     assert all(r["peak_rss_mb"] > 0 for r in read_metrics(straight.run_dir) if "loss" in r)  # logged with the loss
     assert sorted(losses[0]) == list(range(1, 7)) and losses[0] == losses[1]
