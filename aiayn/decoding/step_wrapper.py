@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 ENV_VAR = "AIAYN_COMPILE_WRAPPER"
 WRAPPERS = ("python", "cpp")
 OPTIONS: dict[str, dict[str, Any]] = {"python": {}, "cpp": {"cpp_wrapper": True}}  # torch.compile's options of each
-TIMED_STEPS = 8  # steps timed with each wrapper; the fastest step of each decides
+TIMED_STEPS = 4  # steps timed with each wrapper; the fastest step of each decides. A generation shorter than these
+# and the two compiling steps (10 in all) decides nothing, and the next decoder on the machine times again.
 
 
 def wrapper_mode() -> str:
@@ -46,6 +47,7 @@ class ChosenStep:
         self._model, self._compile, self._wrappers = model, compile, wrappers
         self._steps: dict[str, Callable[..., Tensor]] = {}
         self._chosen: dict[int, str] = {}  # batch rows -> wrapper
+        self._looked: set[int] = set()  # batch sizes whose choice the cache did not hold (read once)
         self._times: dict[int, dict[str, list[float]]] = {}  # batch rows -> wrapper -> seconds of each step
         self._start: dict[int, tuple[float, float, float] | None] = {}  # when each batch size's timing began
         mode = wrapper_mode()
@@ -87,6 +89,9 @@ class ChosenStep:
         return f"decode step wrapper {'+'.join(floats)} {'+'.join(formats)} {rows} rows ({'/'.join(self._wrappers)})"
 
     def _cached(self, rows: int) -> str | None:
+        if rows in self._looked:
+            return None
+        self._looked.add(rows)
         choice = kernel_choice.cached_choices(self._wrappers).get(self._shape(rows))
         if choice is not None:
             self._chosen[rows] = choice
