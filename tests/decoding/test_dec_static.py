@@ -87,6 +87,7 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     its logits are the eager static cache's, packed Linear layers included. One-query attention by our kernel where it
     builds (the backend timed fastest on an AMX Xeon), else by the formula (timed faster for bf16 on some CPUs);
     conformance compiles torch's fused kernel."""
+    monkeypatch.setenv("AIAYN_COMPILE_WRAPPER", "python")  # one wrapper: timing both compiles a second graph
     from aiayn.decoding import adapters
     from aiayn.inference import gemv, pack_linears
     from aiayn.nn import attention
