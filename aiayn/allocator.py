@@ -159,10 +159,12 @@ ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # oneDNN's own variable (D
 
 def set_onednn_cache_capacity(capacity: int, env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
     """Have oneDNN keep at most ``capacity`` compiled primitives (``train.onednn_cache_capacity``); False where the
-    user set the variable already (theirs is kept). oneDNN keeps one set of primitives per matmul shape, up to 1,024
+    user set the variable already (theirs is kept, and logged). oneDNN keeps one set of primitives per matmul shape, up to 1,024
     by default, and each holds its JIT code and buffers: with batches of many shapes they are much of what a run's
     memory grows by. oneDNN reads the variable once, at its first primitive, so call this before any bf16 matmul."""
-    if ONEDNN_CACHE_ENV in env or "DNNL_PRIMITIVE_CACHE_CAPACITY" in env:
-        return False
+    for name in (ONEDNN_CACHE_ENV, "DNNL_PRIMITIVE_CACHE_CAPACITY"):
+        if name in env:
+            log.info("train.onednn_cache_capacity=%d: $%s=%s is kept", capacity, name, env[name])
+            return False
     env[ONEDNN_CACHE_ENV] = str(capacity)
     return True

@@ -47,7 +47,6 @@ class ChosenStep:
         self._model, self._compile, self._wrappers = model, compile, wrappers
         self._steps: dict[str, Callable[..., Tensor]] = {}
         self._chosen: dict[int, str] = {}  # batch rows -> wrapper
-        self._looked: set[int] = set()  # batch sizes whose choice the cache did not hold (read once)
         self._times: dict[int, dict[str, list[float]]] = {}  # batch rows -> wrapper -> seconds of each step
         self._start: dict[int, tuple[float, float, float] | None] = {}  # when each batch size's timing began
         mode = wrapper_mode()
@@ -55,7 +54,7 @@ class ChosenStep:
 
     def __call__(self, model: nn.Module, tokens: Tensor, *args: Any) -> Tensor:
         rows = tokens.shape[0]
-        name = self._fixed or self._chosen.get(rows) or self._cached(rows)
+        name = self._fixed or self._chosen.get(rows) or (None if rows in self._times else self._cached(rows))
         if name is not None:
             return self._step(name)(model, tokens, *args)
         times = self._times.setdefault(rows, {wrapper: [] for wrapper in self._wrappers})
@@ -89,9 +88,7 @@ class ChosenStep:
         return f"decode step wrapper {'+'.join(floats)} {'+'.join(formats)} {rows} rows ({'/'.join(self._wrappers)})"
 
     def _cached(self, rows: int) -> str | None:
-        if rows in self._looked:
-            return None
-        self._looked.add(rows)
+        """The cache's choice at ``rows`` rows, read once: a batch size being timed was not in it."""
         choice = kernel_choice.cached_choices(self._wrappers).get(self._shape(rows))
         if choice is not None:
             self._chosen[rows] = choice

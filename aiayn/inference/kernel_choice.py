@@ -440,19 +440,16 @@ def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int
     copies = _cold_copies(size)
     weights = [w.clone() for _ in range(copies)]
     x = torch.randn(rows, w.shape[1], dtype=w.dtype if w.is_floating_point() else torch.float32)  # int8: fp32 inputs
-    runs = {name: [_kernel(name, c, x) for c in weights] for name in names}
-    times: dict[str, list[float]] = {name: [] for name in names}
-    with torch.no_grad():
-        for fns in runs.values():  # warm-up: first-call allocations, oneDNN's primitive cache
-            fns[0]()
-            fns[-1]()
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:  # each kernel first in turn
-                start = time.perf_counter()
-                for fn in runs[name]:
-                    fn()
-                times[name].append((time.perf_counter() - start) * 1e3 / copies)
-    return {name: min(times[name]) for name in names}
+    def on_every_copy(name: str) -> Callable[[], None]:
+        calls = [_kernel(name, c, x) for c in weights]
+
+        def run() -> None:
+            for call in calls:
+                call()
+        return run
+
+    with torch.no_grad():  # the warm-up round also makes first-call allocations and oneDNN's primitives
+        return _fastest_rounds({name: on_every_copy(name) for name in names}, rounds, per=copies)
 
 
 TRAINING_ROWS = 512  # rows a training shape is timed at: a batch's tokens, capped (the winner is settled by then)

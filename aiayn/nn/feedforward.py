@@ -62,9 +62,8 @@ def gelu_tanh(x: Tensor) -> Tensor:
     """``F.gelu(x, approximate="tanh")``, GPT-2's GELU, through our kernel (:func:`aiayn.inference.gemv.gelu_tanh`) on the
     CPU where it was timed faster for ``x``'s dtype on this machine (:func:`aiayn.inference.kernel_choice.choose_gelu_tanh`;
     torch's took 4.4x its exact GELU's time on an AMX Xeon), else torch's; torch's in a graph being compiled."""
-    if x.device.type != "cpu" or x.dtype not in gemv.DTYPES or torch.compiler.is_compiling():
-        return F.gelu(x, approximate="tanh")
-    if kernel_choice.choose_gelu_tanh(x.dtype) != "native":
+    if (x.device.type != "cpu" or x.dtype not in gemv.DTYPES or torch.compiler.is_compiling()
+            or kernel_choice.choose_gelu_tanh(x.dtype) != "native"):
         return F.gelu(x, approximate="tanh")
     return _GeluTanh.apply(x)
 

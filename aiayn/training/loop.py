@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +19,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from aiayn.allocator import ONEDNN_CACHE_ENV, hold_freed_memory, set_mmap_threshold, set_onednn_cache_capacity
 from aiayn.allocator import describe as describe_allocator
+from aiayn.allocator import hold_freed_memory, set_mmap_threshold, set_onednn_cache_capacity
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.checkpoint.directory import MARKER, STEP_DIR, set_aside_newer, warn_incomplete
 from aiayn.checkpoint.retention import RetentionConfig, rotate_checkpoints, update_best
@@ -85,9 +84,7 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
     if any), ``False`` (start fresh; ``run_dir`` must hold no checkpoint), or a checkpoint/run path."""
     loop = config.train
     if loop.onednn_cache_capacity is not None:  # first: oneDNN reads it at its first primitive
-        if not set_onednn_cache_capacity(loop.onednn_cache_capacity):
-            log.info("train.onednn_cache_capacity=%d: $%s=%s is kept", loop.onednn_cache_capacity, ONEDNN_CACHE_ENV,
-                     os.environ.get(ONEDNN_CACHE_ENV, os.environ.get("DNNL_PRIMITIVE_CACHE_CAPACITY")))
+        set_onednn_cache_capacity(loop.onednn_cache_capacity)
     device = _device(loop.device)
     fsdp = loop.parallel == "fsdp"
     if loop.cpu_offload and device.type != "cuda":
