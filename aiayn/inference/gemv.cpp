@@ -79,7 +79,7 @@ at::Tensor float_or_bf16(const at::Tensor& t) {
   return typed ? t.contiguous() : t.to(at::kFloat).contiguous();
 }
 
-// y (out,) = scale * (weight x) + bias for one row x of in elements (any shape), weight (out, in) row-major:
+// y (..., out) = scale * (weight x) + bias for one row x (..., in) of in elements, weight (out, in) row-major:
 // fp32 or bf16 weights (no scale), or int8 with an fp32 scale per row; x fp32 or bf16, y in x's dtype; the weights
 // prefetched `prefetch` bytes ahead (0: none).
 // One allocation (y) and no other torch operator a call: a bf16 x is widened here, and y written in its dtype
@@ -96,7 +96,8 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
               "bfloat16 or int8, got ", wtype);
   TORCH_CHECK(scaled == (wtype == at::kChar), "aiayn_native::gemv: a scale goes with int8 weights, and only with them");
   const int64_t out = weight.size(0), in = weight.size(1);
-  TORCH_CHECK(x.numel() == in, "aiayn_native::gemv: x has ", x.numel(), " elements, the weight takes ", in);
+  TORCH_CHECK(x.dim() >= 1 && x.numel() == in, "aiayn_native::gemv: x has ", x.numel(), " elements in ", x.dim(),
+              " dimensions, the weight takes ", in, " in one or more");
   TORCH_CHECK(prefetch >= 0, "aiayn_native::gemv: prefetch is a distance in bytes, 0 or more, got ", prefetch);
   at::Tensor s, b;
   if (scaled) {
@@ -118,7 +119,9 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
     xp = widened.data();
   }
   const float* sp = scaled ? s.const_data_ptr<float>() : nullptr;
-  at::Tensor y = at::empty({out}, x.options());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());  // x's shape, its last dimension `out`: no view after
+  shape.back() = out;
+  at::Tensor y = at::empty(shape, x.options());
   if (x.scalar_type() == at::kFloat) {
     typed(weight, xp, sp, b, y.mutable_data_ptr<float>(), out, in, prefetch);
   } else {

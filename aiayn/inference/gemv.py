@@ -90,14 +90,14 @@ def gemv_linear(x: Tensor, weight: Tensor, bias: Tensor | None, prefetch: int = 
     not); other dtypes and a non-contiguous weight take ``F.linear``."""
     if x.dtype != weight.dtype or weight.dtype not in DTYPES or not weight.is_contiguous():
         return F.linear(x, weight, bias)
-    return torch.ops.aiayn_native.gemv(x, weight, None, bias, prefetch).view(*x.shape[:-1], weight.shape[0])
+    return torch.ops.aiayn_native.gemv(x, weight, None, bias, prefetch)
 
 
 def gemv_int8(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, prefetch: int = 0) -> Tensor:
     """One row ``x (..., in)`` (fp32 or bf16) through int8 ``weight (out, in)`` times its fp32 ``scale (out,)``, plus
     ``bias``: ``x (W * scale)^T + b`` in ``x``'s dtype, the sums in fp32 (call only where :func:`available`), the
     weights prefetched ``prefetch`` bytes ahead (0: not)."""
-    return torch.ops.aiayn_native.gemv(x, weight, scale, bias, prefetch).view(*x.shape[:-1], weight.shape[0])
+    return torch.ops.aiayn_native.gemv(x, weight, scale, bias, prefetch)
 
 
 def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -158,7 +158,7 @@ def _load() -> str | None:
 
 def _fake(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, prefetch: int = 0) -> Tensor:
     """The operator's output shape and dtype without running it (what ``torch.compile`` traces)."""
-    return x.new_empty(weight.shape[0])
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _fake_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:

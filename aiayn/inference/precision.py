@@ -155,15 +155,16 @@ class PackedLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
     def forward(self, x: Tensor) -> Tensor:
-        if torch.is_grad_enabled() or x.dtype != self.weight.dtype or x.device.type != "cpu" or self.weight.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)  # training, or moved: the plain path
+        weight = self.weight  # read once: a module's parameters are looked up by nn.Module.__getattr__
+        if torch.is_grad_enabled() or x.dtype != weight.dtype or not (x.is_cpu and weight.is_cpu):
+            return F.linear(x, weight, self.bias)  # training, or moved: the plain path
         kernel = self.one if x.numel() == x.shape[-1] else self.many
+        if kernel in gemv.KERNELS and gemv.may_run():  # first: batch-1 decoding's kernel, called most
+            return gemv.gemv_linear(x, weight, self.bias, gemv.KERNELS[kernel])
         if kernel == "plain":
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, weight, self.bias)
         if kernel == "split":
-            return split_linear(x, self.weight, self.bias, self.parts)
-        if kernel in gemv.KERNELS and gemv.may_run():
-            return gemv.gemv_linear(x, self.weight, self.bias, gemv.KERNELS[kernel])
+            return split_linear(x, weight, self.bias, self.parts)
         if torch.compiler.is_compiling():
             # A graph holds oneDNN's packed tensor only as a constant (Inductor's freezing, as the compiled decode step
             # runs: aiayn.decoding.adapters.compiled_step), packed when the step was built; otherwise the plain matmul.

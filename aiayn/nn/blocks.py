@@ -143,7 +143,9 @@ class TransformerLayer(nn.Module):
         return norm(x) if self.pre_norm else x
 
     def _after(self, x: Tensor, sublayer_out: Tensor, norm: nn.Module) -> Tensor:
-        x = x + self.dropout(sublayer_out)  # residual connection (section 3.1)
+        # Residual connection (section 3.1); dropout acts only in training (the module is the identity otherwise,
+        # and not calling it saves a module call per sublayer at every decoding step).
+        x = x + (self.dropout(sublayer_out) if self.training else sublayer_out)
         return x if self.pre_norm else norm(x)
 
 

@@ -109,10 +109,10 @@ class StaticLayerCache:
             end = start + k.shape[2]
             if end > self.max_len:
                 raise ValueError(f"static cache holds max_len={self.max_len} positions, asked for {end}")
-            self.k[:, :, start:end] = k
-            self.v[:, :, start:end] = v
+            self.k.narrow(2, start, end - start).copy_(k)  # narrow: one op, where indexing by slices takes several
+            self.v.narrow(2, start, end - start).copy_(v)
             self.next_column.fill_(end)
-            return self.k[:, :, :end], self.v[:, :, :end], None if mask is None else mask[..., :end], causal
+            return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end), None if mask is None else mask[..., :end], causal
         columns = self.next_column + torch.arange(k.shape[2], device=k.device)  # (T,)
         self.k.index_copy_(2, columns, k.to(self.k.dtype))
         self.v.index_copy_(2, columns, v.to(self.v.dtype))

@@ -41,7 +41,8 @@ class PositionwiseFeedForward(nn.Module):
         """``(B, T, d_model) -> (B, T, d_model)``."""
         if self.w_gate_up is not None:
             gate, hidden = self.w_gate_up(x).chunk(2, dim=-1)  # (B, T, d_ff) each
-            return self.w_2(self.dropout(F.silu(gate) * hidden))
+            hidden = F.silu(gate) * hidden
+            return self.w_2(self.dropout(hidden) if self.training else hidden)
         hidden = self.w_1(x)  # (B, T, d_ff)
         if self.w_gate is not None:
             hidden = F.silu(self.w_gate(x)) * hidden
@@ -55,7 +56,7 @@ class PositionwiseFeedForward(nn.Module):
             hidden = F.relu(hidden).square()
         else:
             hidden = gelu_tanh(hidden)
-        return self.w_2(self.dropout(hidden))
+        return self.w_2(self.dropout(hidden) if self.training else hidden)  # dropout is the identity outside training
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -65,6 +66,8 @@ def gelu_tanh(x: Tensor) -> Tensor:
     if (x.device.type != "cpu" or x.dtype not in gemv.DTYPES or torch.compiler.is_compiling()
             or kernel_choice.choose_gelu_tanh(x.dtype) != "native"):
         return F.gelu(x, approximate="tanh")
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return gemv.gelu_tanh(x)  # no gradient to keep: the kernel alone (autograd's Function costs more than it at one row)
     return _GeluTanh.apply(x)
 
 

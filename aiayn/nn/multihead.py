@@ -162,7 +162,8 @@ class MultiHeadAttention(nn.Module):
         would copy every one of them at every decoding step, and int8 layers have no float weight;
         a model loaded for inference holds them concatenated once instead, in ``w_qkv``."""
         if self.w_qkv is not None:
-            q, k, v = self.w_qkv(x).split([self.n_heads * self.head_dim, *(2 * [self.n_kv_heads * self.head_dim])], dim=-1)
+            # split_with_sizes: the tensor method itself (Tensor.split is a Python wrapper around it)
+            q, k, v = self.w_qkv(x).split_with_sizes([self.n_heads * self.head_dim, *(2 * [self.n_kv_heads * self.head_dim])], dim=-1)
             return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
         if not torch.is_grad_enabled() or not isinstance(self.w_q, nn.Linear):
             q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)

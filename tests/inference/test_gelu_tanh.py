@@ -53,6 +53,9 @@ def test_the_layer_takes_the_faster_kernel_cached_and_the_override(native_gemv, 
     y.sum().backward()
     assert calls == [(4, 8)] and y.grad_fn is not None
     torch.testing.assert_close(x.grad, torch.autograd.grad(F.gelu(x, approximate="tanh").sum(), x)[0])
+    with torch.no_grad():  # no gradient to keep: the kernel alone, not autograd's Function around it
+        y = feedforward.gelu_tanh(x)
+    assert calls == [(4, 8), (4, 8)] and y.grad_fn is None and torch.equal(y, native(x.detach()))
     assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"gelu_tanh float32 (torch/native)": "native"}
     kernel_choice._ACTIVATION_CHOSEN.clear()
     monkeypatch.setattr(kernel_choice, "_time_gelu_tanh", lambda dtype: pytest.fail("timed a dtype the cache decides"))

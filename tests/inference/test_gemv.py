@@ -33,6 +33,16 @@ def test_the_product_is_float64s_to_fp32_rounding(native_gemv, threads):
         torch.set_num_threads(before)
 
 
+def test_the_operator_gives_the_rows_shape_itself(native_gemv):
+    """The output takes x's shape with its last dimension out_features, from the operator (no view after it), and a
+    0-dimensional x is refused naming what it takes."""
+    w = torch.randn(6, 4)
+    for shape in [(4,), (1, 4), (1, 1, 4)]:
+        assert torch.ops.aiayn_native.gemv(torch.randn(shape), w, None, None, 0).shape == (*shape[:-1], 6)
+    with pytest.raises(RuntimeError, match="one or more"):
+        torch.ops.aiayn_native.gemv(torch.tensor(1.0), torch.randn(6, 1), None, None, 0)
+
+
 def test_bf16_weights_and_int8_weights_with_their_scales(native_gemv):
     torch.manual_seed(0)
     for out_features, in_features in [(3, 5), (17, 100), (1100, 768)]:
