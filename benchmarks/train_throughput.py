@@ -19,7 +19,8 @@ as the output projection's matmul), ``L`` layers, ``d`` d_model, ``T`` sequence 
 is model FLOP/s over a peak measured here: the best of several large square matmuls in fp32 and bf16, by each of
 torch's two matmul libraries (``torch.mm``, which is MKL in fp32, and oneDNN), the faster library's: on a Zen 5
 EPYC MKL's fp32 ran at half of oneDNN's. Ours trains its fp32 Linear layers with whichever library was timed
-faster per shape (``aiayn.nn.onednn_linear``, as ``aiayn train`` does); the peer keeps torch's default. Both run
+faster per shape, and its bf16 products with their rows in one call or two, whichever was timed faster per shape at
+the batch's rows (``aiayn.nn.onednn_linear``, as ``aiayn train`` does); the peer keeps torch's default. Both run
 under the ``aiayn`` command's allocator (:mod:`aiayn.allocator`: mimalloc where installed, holding freed memory for
 ten steps' time as training does; ``AIAYN_ALLOCATOR=system`` for glibc's malloc).
 With both ``bf16`` and ``bf16-master`` timed for a shape, the script prints which was faster and whether
@@ -211,6 +212,15 @@ def _timed(trainer: Trainer, ids: Tensor, targets: Tensor, steps: int) -> float:
     return time.perf_counter() - start
 
 
+def matmul_kernels(model: nn.Module, rows: int, dtype_name: str) -> int:
+    """Give ``model``'s Linear layers the training kernels ``aiayn train`` times for ``dtype_name``'s products (fp32: oneDNN
+    or MKL; bf16: rows in one call or two), after taking back any given for another dtype; returns how many changed."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and type(module) is not nn.Linear:
+            module.__class__ = nn.Linear
+    return use_training_kernels(model, rows, dtype=torch.float32 if dtype_name == "fp32" else torch.bfloat16)
+
+
 def compare(
     shape: Shape, dtype_name: str, ours: nn.Module, peer: nn.Module, *, rounds: int, steps: int | None, target_s: float,
     adamw: str = "default", seed: int = 0, loss: str = "shared",
@@ -378,7 +388,7 @@ def _run(args: argparse.Namespace) -> list[Row]:
     for shape in args.shape_list:
         ours, peer = build_pair(shape, peer_activation=args.peer_activation, ours_attention=args.ours_attention)
         a, b = check_same_loss(shape, ours, peer)
-        onednn = use_training_kernels(ours, shape.batch * shape.seq_len)  # as `aiayn train` does in fp32
+        onednn = matmul_kernels(ours, shape.batch * shape.seq_len, "fp32")  # as `aiayn train` does in fp32
         if args.compile:
             ours, peer = torch.compile(ours), torch.compile(peer)
         n_params = sum(p.numel() for p in ours.parameters())
@@ -388,6 +398,9 @@ def _run(args: argparse.Namespace) -> list[Row]:
               f"{peer.config._attn_implementation!r}; compiled {args.compile}; peer activation {args.peer_activation!r}; AdamW {args.adamw}; "
               f"loss {args.loss}; same-weights loss {a:.5f} vs {b:.5f}; ours' fp32 Linear layers on oneDNN: {onednn}")
         for dtype_name in args.dtype_list:
+            if dtype_name != "fp32":  # bf16: each product's rows in one call or two, as `aiayn train` does for LM batches
+                split = matmul_kernels(ours, shape.batch * shape.seq_len, dtype_name)
+                print(f"{shape.name} {dtype_name}: ours' Linear layers with a product's rows split in two calls: {split}")
             row = compare(
                 shape, dtype_name, ours, peer, rounds=args.rounds, steps=args.steps, target_s=args.target_s, adamw=args.adamw,
                 loss=args.loss,

@@ -12,7 +12,9 @@ stepping and kernel flags: two AMD EPYCs of different generations share a name),
 in ``$XDG_CACHE_HOME/aiayn/kernels.json`` (else ``~/.cache/aiayn/``), so a second load times nothing.
 
 fp32 training asks the same question of a whole step's three products (:func:`choose_training_kernels`): MKL,
-torch's fp32 default, ran at half oneDNN's speed on a Zen 5 EPYC (:mod:`aiayn.nn.onednn_linear`).
+torch's fp32 default, ran at half oneDNN's speed on a Zen 5 EPYC (:mod:`aiayn.nn.onednn_linear`). bf16 training asks
+whether a product's rows go in one call or two (:func:`choose_row_splits`): oneDNN ran some shapes at half speed on
+1,024 rows on an AMX Xeon, and at full speed on 512.
 
 Attention asks it of one query (a decoding step, :func:`choose_attention`): torch's fused kernel, the formula
 (:mod:`aiayn.nn.attention`) or, where it builds, our own one-query kernel (:func:`aiayn.inference.gemv.attend_one`).
@@ -53,7 +55,7 @@ from aiayn.untrusted import read_json_file
 
 __all__ = [
     "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "adopt_gelu_tanh", "attention_candidates", "choose_gelu_tanh", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
-    "attention_mode", "cache_path", "choose_attention", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
+    "ROW_SPLITS", "attention_mode", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
 
@@ -161,6 +163,47 @@ def choose_training_kernels(weights: list[Tensor], rows: int) -> list[str]:
 
     shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} train {rows} rows" for w in weights]
     return _cached(shapes, weights, TRAINING, timed, "fp32 training matmuls")
+
+
+# bf16 training: each of a layer's forward and input-gradient products with its rows in one call or two
+# (aiayn.nn.onednn_linear.RowSplitLinear): plain, the forward split, the input gradient split, both.
+ROW_SPLITS = ("plain", "split-forward", "split-input-grad", "split-both")
+
+
+def choose_row_splits(weights: list[Tensor], rows: int) -> list[str]:
+    """Which of :data:`ROW_SPLITS` each ``weight (out, in)``'s bf16 training products take here: the forward (``rows``
+    x ``in`` into ``out``) and the input gradient (``rows`` x ``out`` into ``in``), each timed in one call and in two
+    at exactly ``rows`` rows (oneDNN's speed moves with the rows: splitting 1,024 doubled it on an AMX Xeon where
+    splitting 2,048 halved it), the fastest of three interleaved rounds; cached beside the other choices.
+    ``$AIAYN_LINEAR_KERNEL`` other than ``measure``: ``plain`` everywhere."""
+    if kernel_mode() != "measure":
+        return ["plain"] * len(weights)
+
+    def timed(weight: Tensor) -> tuple[str, str]:
+        times = _time_row_splits(weight, rows)
+        forward, grad = times["forward, two calls"] < times["forward"], times["input grad, two calls"] < times["input grad"]
+        choice = ROW_SPLITS[forward + 2 * grad]
+        return choice, ", ".join(f"{name} {t:.3f}" for name, t in times.items()) + f" ms -> {choice}"
+
+    shapes = [f"{w.shape[1]}->{w.shape[0]} bfloat16 train {rows} rows (rows in one call or two)" for w in weights]
+    return _cached(shapes, weights, ROW_SPLITS, timed, "bf16 training matmuls")
+
+
+def _time_row_splits(weight: Tensor, rows: int, rounds: int = 3) -> dict[str, float]:
+    """Milliseconds of ``weight``'s bf16 forward and input-gradient products over ``rows`` rows, each in one call and
+    in two (:func:`aiayn.nn.onednn_linear.split_product`)."""
+    from aiayn.nn.onednn_linear import split_product
+
+    w = weight.detach().to(torch.bfloat16)
+    x = torch.randn(rows, w.shape[1], dtype=torch.bfloat16)
+    grad = torch.randn(rows, w.shape[0], dtype=torch.bfloat16)
+    runs: dict[str, Callable[[], object]] = {
+        "forward": lambda: split_product(x, w.t(), None, False),
+        "forward, two calls": lambda: split_product(x, w.t(), None, True),
+        "input grad": lambda: split_product(grad, w, None, False),
+        "input grad, two calls": lambda: split_product(grad, w, None, True),
+    }
+    return _fastest_rounds(runs, rounds)
 
 
 ATTENTION_ENV_VAR = "AIAYN_ATTENTION_KERNEL"

@@ -11,6 +11,14 @@ layers where oneDNN won a forward that calls :class:`OneDNNLinearFunction`: the 
 
 each one oneDNN matmul, transposes passed as strides (oneDNN copies a strided right-hand side itself). Only the kernel
 changes: the parameters, their names and checkpoints stay ``nn.Linear``'s.
+
+bf16 training (autocast or master weights) asks another question of the same products. On an AMX Xeon (2 threads,
+torch 2.13) oneDNN's bf16 product of 1,024 rows into 768 outputs ran at 1.1-1.3 TFLOP/s, where the same rows in two
+calls of 512 ran at 1.9-2.1 (GPT-2 small's attention output and second FFN layer forward, and the input gradients of
+its Q/K/V, first FFN layer and output projection); at 2,048 rows the split halved the speed instead. So for a batch
+of fixed rows (language modelling), :func:`use_training_kernels` times, per shape at exactly those rows, the forward
+and the input gradient each in one call and in two (:func:`~aiayn.inference.kernel_choice.choose_row_splits`), and
+gives the layers where a split won a forward through :class:`RowSplitLinearFunction`.
 """
 
 from __future__ import annotations
@@ -22,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["OneDNNLinear", "OneDNNLinearFunction", "linear", "training_kernel_choice", "training_kernel_layers",
-           "use_training_kernels"]
+__all__ = ["OneDNNLinear", "OneDNNLinearFunction", "RowSplitLinear", "RowSplitLinearFunction", "linear", "split_product",
+           "training_kernel_choice", "training_kernel_layers", "use_training_kernels"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +81,73 @@ class OneDNNLinear(nn.Linear):
     """An ``nn.Linear`` whose products run through oneDNN (:func:`linear`); its state is ``nn.Linear``'s."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.product(x, self.weight, self.bias)
+
+    def product(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """``F.linear(x, weight, bias)`` the way this layer's own runs (self-attention's fused Q/K/V use it)."""
+        return linear(x, weight, bias)
+
+
+def split_product(a: Tensor, b: Tensor, bias: Tensor | None, split: bool) -> Tensor:
+    """``a @ b (+ bias)`` for 2-D ``a (rows, k)``, ``b (k, n)``: one call, or (``split``) the rows of ``a`` in two calls
+    that write the two halves of one output (each row's sums are the same either way)."""
+    if not split or a.shape[0] < 2:
+        return a.mm(b) if bias is None else torch.addmm(bias, a, b)
+    out = a.new_empty(a.shape[0], b.shape[1])
+    half = a.shape[0] // 2
+    for part in (slice(0, half), slice(half, None)):
+        if bias is None:
+            torch.mm(a[part], b, out=out[part])
+        else:
+            torch.addmm(bias, a[part], b, out=out[part])
+    return out
+
+
+class RowSplitLinearFunction(torch.autograd.Function):
+    """``F.linear`` over bf16 tensors whose forward and input-gradient products each take their rows in one call or in
+    two (``split_forward``, ``split_input_grad``); the weight gradient is one call."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, split_forward: bool, split_input_grad: bool) -> Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(rows, weight)
+        ctx.has_bias, ctx.split_input_grad = bias is not None, split_input_grad
+        return split_product(rows, weight.t(), bias, split_forward).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        rows, weight = ctx.saved_tensors
+        grad_rows = grad_out.reshape(-1, grad_out.shape[-1])  # (rows, out)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = split_product(grad_rows, weight, None, ctx.split_input_grad).view(*grad_out.shape[:-1], weight.shape[1])
+        if ctx.needs_input_grad[1]:
+            grad_w = grad_rows.t().mm(rows)  # (dL/dy)^T x
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad_rows.sum(0)
+        return grad_x, grad_w, grad_b, None, None
+
+
+class RowSplitLinear(nn.Linear):
+    """An ``nn.Linear`` whose bf16 training products split their rows where timed faster here (``split_forward``,
+    ``split_input_grad``, set by :func:`use_training_kernels`); fp32 without autocast, other devices and graphs being
+    compiled run ``F.linear``. Its state is ``nn.Linear``'s."""
+
+    split_forward = False
+    split_input_grad = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.product(x, self.weight, self.bias)
+
+    def product(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """``F.linear(x, weight, bias)`` the way this layer's own runs (self-attention's fused Q/K/V use it)."""
+        if weight.dtype == torch.float32 and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+            # what autocast does to F.linear's arguments, done here since the products below are ours
+            x, weight, bias = x.to(torch.bfloat16), weight.to(torch.bfloat16), None if bias is None else bias.to(torch.bfloat16)
+        if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" or x.numel() == 0
+                or torch.compiler.is_compiling()):
+            return F.linear(x, weight, bias)
+        return RowSplitLinearFunction.apply(x, weight, bias, self.split_forward, self.split_input_grad)
 
 
 def training_kernel_layers(model: nn.Module) -> list[nn.Linear]:
@@ -83,29 +157,64 @@ def training_kernel_layers(model: nn.Module) -> list[nn.Linear]:
     return [m for m in model.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
 
 
-def training_kernel_choice(model: nn.Module, rows: int) -> list[str]:
-    """The library timed faster here (or cached) for each layer of :func:`training_kernel_layers`, at ``rows`` rows
-    (:func:`~aiayn.inference.kernel_choice.choose_training_kernels`); ``[]`` when there is none."""
-    from aiayn.inference.kernel_choice import choose_training_kernels
+def training_kernel_choice(model: nn.Module, rows: int, dtype: torch.dtype = torch.float32) -> list[str]:
+    """The kernel timed faster here (or cached) for each layer of :func:`training_kernel_layers`, at ``rows`` rows, for
+    products in ``dtype``: fp32's library (:func:`~aiayn.inference.kernel_choice.choose_training_kernels`) or bf16's
+    row splits (:func:`~aiayn.inference.kernel_choice.choose_row_splits`); ``[]`` when there is no layer."""
+    from aiayn.inference.kernel_choice import choose_row_splits, choose_training_kernels
 
     layers = training_kernel_layers(model)
-    return choose_training_kernels([m.weight for m in layers], rows) if layers else []
+    if not layers:
+        return []
+    weights = _product_weights(model, layers)
+    return choose_row_splits(weights, rows) if dtype == torch.bfloat16 else choose_training_kernels(weights, rows)
 
 
-def use_training_kernels(model: nn.Module, rows: int, *, kernels: list[str] | None = None) -> int:
-    """Make each CPU fp32 ``nn.Linear`` of ``model`` whose shape oneDNN multiplies faster here an
-    :class:`OneDNNLinear`, in place (its class changes; its parameters, hooks and keys stay); returns how many.
+def _product_weights(model: nn.Module, layers: list[nn.Linear]) -> list[Tensor]:
+    """A weight of the shape each layer's training products have: its own, but for a self-attention's ``w_q``, whose
+    products in training are Q, K and V's in one (:meth:`~aiayn.nn.multihead.MultiHeadAttention._project_self`), an
+    empty one of the three's shape (the choices of ``w_k`` and ``w_v`` are then unused)."""
+    from aiayn.nn.multihead import MultiHeadAttention  # here: it imports this module
 
-    ``rows`` is about a batch's tokens: the shapes are timed at that many rows (see
-    :func:`~aiayn.inference.kernel_choice.choose_training_kernels`; ``$AIAYN_LINEAR_KERNEL=plain`` keeps MKL).
-    ``kernels``: a choice made elsewhere, one per layer of :func:`training_kernel_layers` (distributed training:
-    rank 0's :func:`training_kernel_choice`, timed while the other ranks wait), obeyed without timing."""
+    fused = {id(m.w_q): m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.cross}
+    weights = []
+    for layer in layers:
+        attention = fused.get(id(layer))
+        if attention is None:
+            weights.append(layer.weight)
+        else:
+            out = sum(getattr(attention, name).out_features for name in ("w_q", "w_k", "w_v"))
+            weights.append(layer.weight.new_empty(out, layer.in_features))
+    return weights
+
+
+def use_training_kernels(model: nn.Module, rows: int, *, kernels: list[str] | None = None, dtype: torch.dtype = torch.float32) -> int:
+    """Give each CPU fp32 ``nn.Linear`` of ``model`` the training kernel timed faster here for its shape, in place (its
+    class changes; its parameters, hooks and keys stay); returns how many changed. ``dtype``: the products' dtype,
+    ``float32`` (oneDNN's layers where it beat MKL: :class:`OneDNNLinear`) or ``bfloat16`` (autocast or master
+    weights: :class:`RowSplitLinear` where splitting the rows of a product beat one call).
+
+    ``rows`` is about a batch's tokens: the shapes are timed at that many rows (fp32 capped, see
+    :func:`~aiayn.inference.kernel_choice.choose_training_kernels`; bf16 exactly, so only for batches of fixed rows;
+    ``$AIAYN_LINEAR_KERNEL=plain`` keeps torch's ``F.linear``). ``kernels``: a choice made elsewhere, one per layer of
+    :func:`training_kernel_layers` (distributed training: rank 0's :func:`training_kernel_choice`, timed while the
+    other ranks wait), obeyed without timing."""
     layers = training_kernel_layers(model)
     if not layers:
         return 0
-    chosen = training_kernel_choice(model, rows) if kernels is None else kernels
+    chosen = training_kernel_choice(model, rows, dtype) if kernels is None else kernels
     if len(chosen) != len(layers):
         raise ValueError(f"kernels: {len(chosen)} choices for {len(layers)} fp32 Linear layers")
+    if dtype == torch.bfloat16:
+        for layer, kernel in zip(layers, chosen):
+            if kernel != "plain":
+                layer.__class__ = RowSplitLinear
+                layer.split_forward = kernel in ("split-forward", "split-both")  # type: ignore[assignment]
+                layer.split_input_grad = kernel in ("split-input-grad", "split-both")  # type: ignore[assignment]
+        count = len(chosen) - chosen.count("plain")
+        log.info("bf16 training matmuls: rows split in two calls for %d of %d Linear layers (timed per shape at %d rows "
+                 "here)", count, len(layers), rows)
+        return count
     for layer, kernel in zip(layers, chosen):
         if kernel == "onednn":
             layer.__class__ = OneDNNLinear

@@ -207,11 +207,15 @@ def _train(
         log.info("memory allocator: %s", describe_allocator())  # the peak_rss_mb of the metrics depends on it
     if config.data.dataset == "files" and dist_info.is_main:
         log.info(size_hint(data, n_params, pretrained=loop.init_from is not None))
-    if precision == "float32" and device.type == "cpu" and not fsdp:  # oneDNN or MKL, per shape, by timing them here
+    # fp32: oneDNN or MKL, per shape; bf16 with batches of fixed rows (language modelling): each product's rows in one
+    # call or two, per shape at those rows; by timing them here
+    matmul_dtype = torch.float32 if precision == "float32" else torch.bfloat16
+    if device.type == "cpu" and not fsdp and (matmul_dtype == torch.float32 or config.data.task == "lm"):
         rows, kernels = config.data.batch_tokens(), None
         if dist_info.enabled:  # rank 0 times alone (a rank timing beside it slows its two-thread kernels); all take its answer
-            kernels = all_gather_objects(training_kernel_choice(model, rows) if dist_info.is_main else None, dist_info)[0]
-        use_training_kernels(model, rows, kernels=kernels)
+            kernels = all_gather_objects(training_kernel_choice(model, rows, matmul_dtype) if dist_info.is_main else None,
+                                         dist_info)[0]
+        use_training_kernels(model, rows, kernels=kernels, dtype=matmul_dtype)
     if device.type == "cpu" and any(getattr(m, "activation", None) == "gelu_tanh" for m in model.modules()):
         # GPT-2's GELU: torch's kernel or ours, timed once here (rank 0 alone, as above) rather than in the first step
         gelu_dtype = torch.float32 if precision == "float32" else torch.bfloat16

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("contiguous", [True, False])
-def test_values_and_gradients_match_a_float64_reference(bias, contiguous):
+def test_values_and_gradients_match_a_float64_reference(bias, contiguous, linear_results):
     g = torch.Generator().manual_seed(0)
     x64 = torch.randn(3, 4, 7, 24, generator=g, dtype=torch.float64)  # (..., rows, in): more than two dimensions
     if not contiguous:
@@ -27,16 +27,8 @@ def test_values_and_gradients_match_a_float64_reference(bias, contiguous):
     b64 = torch.randn(40, generator=g, dtype=torch.float64) if bias else None
     grad64 = torch.randn(*x64.shape[:-1], 40, generator=g, dtype=torch.float64)
 
-    def run(fn, dtype):
-        x = x64.to(dtype).requires_grad_(True)
-        w = w64.to(dtype).requires_grad_(True)
-        b = b64.to(dtype).requires_grad_(True) if bias else None
-        y = fn(x, w, b)
-        y.backward(grad64.to(dtype))
-        return [t.double() for t in (y, x.grad, w.grad, *([b.grad] if bias else []))]
-
-    ours = run(OneDNNLinearFunction.apply, torch.float32)
-    reference = run(F.linear, torch.float64)
+    ours = linear_results(OneDNNLinearFunction.apply, torch.float32, x64, w64, b64, grad64)
+    reference = linear_results(F.linear, torch.float64, x64, w64, b64, grad64)
     for name, a, b in zip(("output", "dL/dx", "dL/dW", "dL/db"), ours, reference):
         assert a.shape == b.shape, name
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4, msg=name)
