@@ -172,8 +172,8 @@ def training_kernel_choice(model: nn.Module, rows: int, dtype: torch.dtype = tor
 
 def _product_weights(model: nn.Module, layers: list[nn.Linear]) -> list[Tensor]:
     """A weight of the shape each layer's training products have: its own, but for a self-attention's ``w_q``, whose
-    products in training are Q, K and V's in one (:meth:`~aiayn.nn.multihead.MultiHeadAttention._project_self`), an
-    empty one of the three's shape (the choices of ``w_k`` and ``w_v`` are then unused)."""
+    products in training are Q, K and V's in one (:meth:`~aiayn.nn.multihead.MultiHeadAttention._project_self`), a
+    random one of the three's shape (the choices of ``w_k`` and ``w_v`` are then unused)."""
     from aiayn.nn.multihead import MultiHeadAttention  # here: it imports this module
 
     fused = {id(m.w_q): m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.cross}
@@ -184,7 +184,7 @@ def _product_weights(model: nn.Module, layers: list[nn.Linear]) -> list[Tensor]:
             weights.append(layer.weight)
         else:
             out = sum(getattr(attention, name).out_features for name in ("w_q", "w_k", "w_v"))
-            weights.append(layer.weight.new_empty(out, layer.in_features))
+            weights.append(layer.weight.new_empty(out, layer.in_features).normal_())  # values as a weight's (no denormals)
     return weights
 
 

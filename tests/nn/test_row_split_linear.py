@@ -149,3 +149,29 @@ def test_an_lm_run_splits_where_chosen_and_resumes_bit_for_bit(tmp_path, monkeyp
     a, _ = read_safetensors(straight.run_dir / "step-000006" / "model.safetensors")
     b, _ = read_safetensors(resumed.run_dir / "step-000006" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_self_attentions_fused_product_is_timed_and_run_at_its_own_shape(tmp_path, monkeypatch):
+    """In training self-attention multiplies Q, K and V in one product: its w_q is timed at the three's shape and that
+    product runs through w_q's kernel."""
+    from aiayn import build_model
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(kernel_choice.ENV_VAR, "measure")
+    timed = []
+
+    def fake(weight, rows):
+        timed.append(tuple(weight.shape))
+        return {"forward": 2.0, "forward, two calls": 1.0, "input grad": 2.0, "input grad, two calls": 1.0}
+
+    monkeypatch.setattr(kernel_choice, "_time_row_splits", fake)
+    torch.manual_seed(0)
+    model = build_model("tiny-decoder-only", d_model=16, d_ff=32, n_heads=2, n_layers=1, vocab_size=24)
+    use_training_kernels(model, rows=8, dtype=torch.bfloat16)
+    assert (48, 16) in timed  # Q, K and V of d_model 16 as one (48, 16) weight
+    shapes = []
+    apply = RowSplitLinearFunction.apply
+    monkeypatch.setattr(RowSplitLinearFunction, "apply", lambda x, w, *rest: shapes.append(tuple(w.shape)) or apply(x, w, *rest))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(0, 24, (2, 4))).float().sum().backward()
+    assert (48, 16) in shapes and model.decoder.layers[0].self_attn.w_q.weight.grad is not None
