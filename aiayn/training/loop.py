@@ -209,8 +209,9 @@ def _train(
         log.info(size_hint(data, n_params, pretrained=loop.init_from is not None))
     # fp32: oneDNN or MKL, per shape; bf16 with batches of fixed rows (language modelling): each product's rows in one
     # call or two, per shape at those rows; by timing them here
-    matmul_dtype = torch.float32 if precision == "float32" else torch.bfloat16
-    if device.type == "cpu" and not fsdp and (matmul_dtype == torch.float32 or config.data.task == "lm"):
+    matmul_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, MASTER: torch.bfloat16}.get(precision)  # fp16: none
+    fixed_rows = config.data.task == "lm"
+    if device.type == "cpu" and not fsdp and matmul_dtype is not None and (matmul_dtype == torch.float32 or fixed_rows):
         rows, kernels = config.data.batch_tokens(), None
         if dist_info.enabled:  # rank 0 times alone (a rank timing beside it slows its two-thread kernels); all take its answer
             kernels = all_gather_objects(training_kernel_choice(model, rows, matmul_dtype) if dist_info.is_main else None,
