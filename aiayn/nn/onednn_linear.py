@@ -177,14 +177,17 @@ def _product_weights(model: nn.Module, layers: list[nn.Linear]) -> list[Tensor]:
     from aiayn.nn.multihead import MultiHeadAttention  # here: it imports this module
 
     fused = {id(m.w_q): m for m in model.modules() if isinstance(m, MultiHeadAttention) and not m.cross}
+    by_shape: dict[tuple[int, int], Tensor] = {}  # one random weight per fused shape: every layer's is alike
     weights = []
     for layer in layers:
         attention = fused.get(id(layer))
         if attention is None:
             weights.append(layer.weight)
-        else:
-            out = sum(getattr(attention, name).out_features for name in ("w_q", "w_k", "w_v"))
-            weights.append(layer.weight.new_empty(out, layer.in_features).normal_())  # values as a weight's (no denormals)
+            continue
+        shape = (sum(getattr(attention, name).out_features for name in ("w_q", "w_k", "w_v")), layer.in_features)
+        if shape not in by_shape:
+            by_shape[shape] = layer.weight.new_empty(shape).normal_()  # values as a weight's (no denormals)
+        weights.append(by_shape[shape])
     return weights
 
 
