@@ -53,7 +53,7 @@ from aiayn import build_model
 from aiayn.allocator import describe, hold_freed_memory, reexec_with_allocator
 from aiayn.cpu import cpu_summary
 from aiayn.inference.precision import native_bf16
-from aiayn.nn.onednn_linear import use_training_kernels
+from aiayn.nn.onednn_linear import OneDNNLinear, RowSplitLinear, use_training_kernels
 from aiayn.training.config import LoopSection
 from aiayn.training.losses import IGNORE_INDEX, label_smoothed_cross_entropy
 from aiayn.training.master_weights import MasterWeights
@@ -216,7 +216,7 @@ def matmul_kernels(model: nn.Module, rows: int, dtype_name: str) -> int:
     """Give ``model``'s Linear layers the training kernels ``aiayn train`` times for ``dtype_name``'s products (fp32: oneDNN
     or MKL; bf16: rows in one call or two), after taking back any given for another dtype; returns how many changed."""
     for module in model.modules():
-        if isinstance(module, nn.Linear) and type(module) is not nn.Linear:
+        if isinstance(module, (OneDNNLinear, RowSplitLinear)):
             module.__class__ = nn.Linear
     return use_training_kernels(model, rows, dtype=torch.float32 if dtype_name == "fp32" else torch.bfloat16)
 
@@ -398,9 +398,11 @@ def _run(args: argparse.Namespace) -> list[Row]:
               f"{peer.config._attn_implementation!r}; compiled {args.compile}; peer activation {args.peer_activation!r}; AdamW {args.adamw}; "
               f"loss {args.loss}; same-weights loss {a:.5f} vs {b:.5f}; ours' fp32 Linear layers on oneDNN: {onednn}")
         for dtype_name in args.dtype_list:
-            if dtype_name != "fp32":  # bf16: each product's rows in one call or two, as `aiayn train` does for LM batches
-                split = matmul_kernels(ours, shape.batch * shape.seq_len, dtype_name)
-                print(f"{shape.name} {dtype_name}: ours' Linear layers with a product's rows split in two calls: {split}")
+            # each dtype's kernels (choices cached), whatever ran before: bf16's rows in one call or two, as `aiayn train`
+            # does for LM batches; fp32's library
+            changed = matmul_kernels(ours, shape.batch * shape.seq_len, dtype_name)
+            if dtype_name != "fp32":
+                print(f"{shape.name} {dtype_name}: ours' Linear layers with a product's rows split in two calls: {changed}")
             row = compare(
                 shape, dtype_name, ours, peer, rounds=args.rounds, steps=args.steps, target_s=args.target_s, adamw=args.adamw,
                 loss=args.loss,
