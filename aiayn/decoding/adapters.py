@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.decoding.native_step import native_step
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -151,10 +152,13 @@ class CausalLMDecoder:
     length, ``max_new_tokens`` and step (the filled width and the buffers' length are dynamic, the rest
     static), whose guards check layer 0 for all layers (:func:`_step_guards`) and whose weights are frozen into
     it (:func:`compiled_step`): build a new decoder after changing the model's layers or weights. The prefill
-    checks the prompt's ids; a compiled step does not check the model's own tokens.
+    checks the prompt's ids; a compiled step does not check the model's own tokens. Without ``compile``, a static
+    cache's one-token steps run in C++ where the model allows it (:mod:`aiayn.decoding.native_step`: the same kernels
+    without the Python between them; the same contract on weights); ``native=False`` keeps them in the model's forward.
     """
 
-    def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False, compile: bool = False) -> None:
+    def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False, compile: bool = False,
+                 native: bool = True) -> None:
         if (static_cache or compile) and not use_cache:
             raise ValueError(f"{'compile' if compile else 'static_cache'}=True needs use_cache=True")
         blocker = _static_blocker(model)
@@ -164,7 +168,10 @@ class CausalLMDecoder:
         _warn_if_training(model)
         self.model, self.use_cache, self.compiled = model, use_cache, compile
         self.static_cache = (static_cache or compile) and blocker is None
-        self._step = _chosen_step(model) if compile else _decode_one
+        if compile:
+            self._step = _chosen_step(model)
+        else:  # the C++ step where it applies (aiayn.decoding.native_step), else the model's forward
+            self._step = (native_step(model, _decode_one) if native and self.static_cache else None) or _decode_one
         # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
         # scores depend only on distances, which left padding does not change.
         self._column_positions = model.positions.kind in ("alibi", "none")

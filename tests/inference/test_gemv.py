@@ -145,6 +145,6 @@ def test_a_failed_build_says_why_and_leaves_no_file(tmp_path, monkeypatch, caplo
     monkeypatch.setenv("CXX", "false")  # a compiler that always fails
     with caplog.at_level(logging.WARNING, logger="aiayn.inference.gemv"):
         reason = gemv._load.__wrapped__()  # the uncached build: the process's own loaded kernel is untouched
-    assert reason is not None and reason.startswith("building gemv.cpp, attend_one.cpp, gelu_tanh.cpp with false failed")
-    assert "not used here: building gemv.cpp, attend_one.cpp, gelu_tanh.cpp with false failed" in caplog.text
+    assert reason is not None and reason.startswith("building gemv.cpp, attend_one.cpp, gelu_tanh.cpp, decode_step.cpp with false failed")
+    assert "not used here: building gemv.cpp, attend_one.cpp, gelu_tanh.cpp, decode_step.cpp with false failed" in caplog.text
     assert not list((tmp_path / "aiayn" / "native").iterdir())  # no half-written library

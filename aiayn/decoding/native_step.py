@@ -1,0 +1,225 @@
+"""The one-token decoding step in C++: the layers of a decoder-only model for one new token per row, over its static
+KV cache, with no Python between the operators (``aiayn/inference/decode_step.cpp``).
+
+Why: the eager step calls a few dozen modules and operators a layer from Python. With GPT-2 small's weights streaming
+through the caches at every token, that Python took 3-5 ms of a 20 ms fp32 token on an AMX Xeon (Inductor's compiled
+step: 2 ms), so the default load decoded 16-20% slower than ``--compile`` (``docs/benchmarks.md``). The C++ step
+calls the same kernels the model's layers chose at load (each Linear's one-row or several-row kernel, the one-query
+attention, the GELU), in the order :meth:`~aiayn.nn.blocks.TransformerLayer.forward` calls them; the token and
+position embeddings and the output projection stay the model's own modules.
+
+It applies to a decoder-only model in eval mode on the CPU whose layers are softmax self-attention with Q/K/V fused
+at load (:mod:`aiayn.inference.fusion`, as SwiGLU's gate and up), positions added to the input (learned, sinusoidal or none), no QK norm,
+LayerNorm or RMSNorm, and Linear layers of the kinds in :data:`LINEAR_KINDS`; :func:`native_step_blocker` names
+what stops any other model, which then takes the eager step. Like a compiled step, it holds the derived weights
+(oneDNN's packed copy, int4's layout) as they were when it was built: build a new decoder after changing a loaded
+model's weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.inference import gemv, kernel_choice
+from aiayn.inference.int4 import Int4Linear
+from aiayn.inference.precision import PackedLinear
+from aiayn.inference.quantization import _KERNEL_K_MULTIPLE, Int8Linear
+from aiayn.models.common import check_token_ids
+from aiayn.models.decoder_only import DecoderOnly
+from aiayn.nn.attention import ONE_QUERY
+from aiayn.nn.blocks import TransformerLayer
+from aiayn.nn.cache import KVCache, StaticLayerCache
+
+__all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_step", "native_step_blocker"]
+
+log = logging.getLogger(__name__)
+
+# The numbers decode_step.cpp reads (its enums of the same names).
+LINEAR_KINDS = {"absent": 0, "plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int8": 5}
+NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}
+ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_tanh-native": 3, "silu": 4, "swiglu": 5, "relu2": 6}
+ATTENTION = {"native": 0, "sdpa": 1, "math": 2}
+POSITIONS = ("learned", "sinusoidal", "none")  # the kinds that add positions to the input, and do nothing in attention
+
+
+class _Plan:
+    """The flat lists :class:`DecodeStep` is built from, written in the order ``decode_step.cpp``'s ``Reader`` reads them."""
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor | None] = []
+        self.ints: list[int] = []
+        self.floats: list[float] = []
+
+    def norm(self, norm: Any) -> None:  # an nn.LayerNorm or nn.RMSNorm
+        eps = norm.eps if isinstance(norm, nn.LayerNorm) else (-1.0 if norm.eps is None else norm.eps)
+        self.ints.append(NORMS[type(norm)])
+        self.floats.append(float(eps))
+        self.tensors += [norm.weight, getattr(norm, "bias", None)]
+
+    def linear(self, kind: str, param: int = 0, out: int = 0, weight: Tensor | None = None, scale: Tensor | None = None,
+               bias: Tensor | None = None) -> None:
+        self.ints += [LINEAR_KINDS[kind], param, out]
+        self.tensors += [weight, scale, bias]
+
+
+def native_step_blocker(model: nn.Module) -> str | None:
+    """What keeps ``model`` from the C++ step (a phrase), or ``None`` when it applies (for any batch size)."""
+    if not isinstance(model, DecoderOnly):
+        return f"a {type(model).__name__} (decoder-only models only)"
+    reason = gemv.unavailable_reason()
+    if reason is not None:
+        return f"no native library here ({reason})"
+    if model.training:
+        return "a model in training mode"
+    if model.embed.weight.device.type != "cpu":
+        return f"weights on {model.embed.weight.device} (the CPU only)"
+    if model.positions.kind not in POSITIONS:
+        return f"{model.positions.kind} positions (accepted: {', '.join(POSITIONS)})"
+    stack = model.decoder
+    if stack.norm is not None and type(stack.norm) not in NORMS:
+        return f"a final {type(stack.norm).__name__}"
+    for index, layer in enumerate(_layers(model)):
+        reason = _layer_blocker(layer)
+        if reason is not None:
+            return f"layer {index}: {reason}"
+    return None
+
+
+def _layers(model: DecoderOnly) -> list[TransformerLayer]:
+    return list(model.decoder.layers)  # type: ignore[arg-type]  # a ModuleList of TransformerLayers
+
+
+def _layer_blocker(layer: TransformerLayer) -> str | None:
+    attention = layer.self_attn
+    if attention is None:
+        return "a state-space mixer"
+    if layer.cross_attn is not None:
+        return "cross-attention"
+    if attention.kernel.name != "softmax":
+        return f"{attention.kernel.name} attention"
+    if attention.qk_norm:
+        return "QK norm"
+    if attention.w_qkv is None:
+        return "Q, K and V not fused (aiayn.inference.fusion fuses them at load)"
+    for norm in (layer.self_attn_norm, layer.ffn_norm):
+        if type(norm) not in NORMS:
+            return f"a {type(norm).__name__}"
+    if layer.ffn.activation not in ACTIVATIONS:
+        return f"activation {layer.ffn.activation!r}"
+    if layer.ffn.activation == "swiglu" and layer.ffn.w_gate_up is None:
+        return "SwiGLU's gate and up projections not fused (aiayn.inference.fusion fuses them at load)"
+    return None
+
+
+class NativeStep:
+    """The C++ step of one model, called as the decoder calls its step: ``(model, tokens (B, 1), cache, key_mask, offset)
+    -> logits (B, V)``. Its plans are built at the first call of each batch kind (one row, several rows: the layers'
+    kernels differ); a batch kind with a Linear layer it does not know, and a model switched to training mode, take
+    the eager step ``fallback``."""
+
+    def __init__(self, model: DecoderOnly, fallback: Any) -> None:
+        self._model, self._fallback = model, fallback
+        self._plans: dict[bool, Any] = {}  # one row? -> torch.classes.aiayn_native.DecodeStep
+
+    def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache, key_mask: Tensor | None, offset: Tensor) -> Tensor:
+        caches = cache.self_attn
+        if model.training or model is not self._model or not all(isinstance(c, StaticLayerCache) and c.k is not None for c in caches):
+            return self._fallback(model, tokens, cache, key_mask, offset)
+        check_token_ids(tokens, model.config.vocab_size, "ids")
+        one = tokens.shape[0] == 1
+        if one not in self._plans:
+            try:
+                self._plans[one] = build_plan(model, one)
+            except ValueError as err:  # a Linear kind it does not know: this batch kind keeps the eager step
+                log.debug("the one-token step runs eagerly at %s: %s", "one row" if one else "several rows", err)
+                self._plans[one] = None
+        plan = self._plans[one]
+        if plan is None:
+            return self._fallback(model, tokens, cache, key_mask, offset)
+        x = model.positions.embed(model.embed(tokens), offset)  # (B, 1, D): the model's own embeddings
+        x = plan.run(x, [t for c in caches for t in (c.k, c.v)], [c.next_column for c in caches], key_mask)
+        return model.output(x)[:, -1]
+
+
+def native_step(model: nn.Module, fallback: Any) -> NativeStep | None:
+    """The C++ step for ``model``, or ``None`` (logged, with the reason) where it does not apply."""
+    reason = native_step_blocker(model)
+    if reason is not None:
+        log.debug("the one-token step runs eagerly: %s", reason)
+        return None
+    return NativeStep(model, fallback)  # type: ignore[arg-type]  # checked: a DecoderOnly
+
+
+def build_plan(model: DecoderOnly, one_row: bool) -> Any:
+    """``torch.classes.aiayn_native.DecodeStep`` for ``model``'s layers at one row a call (``one_row``) or several."""
+    stack, layers = model.decoder, _layers(model)
+    first: Any = layers[0].self_attn
+    dtype = model.embed.weight.dtype
+    plan = _Plan()
+    plan.ints += [first.n_heads, first.n_kv_heads, first.head_dim, int(layers[0].pre_norm), int(stack.norm is not None), len(layers)]
+    for layer in layers:
+        attention: Any = layer.self_attn
+        ffn = layer.ffn
+        plan.norm(layer.self_attn_norm)
+        plan.norm(layer.ffn_norm)
+        _linear(plan, attention.w_qkv, one_row, dtype)
+        _linear(plan, attention.w_o, one_row, dtype)
+        _linear(plan, ffn.w_gate_up if ffn.activation == "swiglu" else ffn.w_1, one_row, dtype)
+        _linear(plan, ffn.w_2, one_row, dtype)
+        plan.ints += [ACTIVATIONS[_activation(ffn.activation, dtype)], ATTENTION[_attention(attention, dtype)]]
+    if stack.norm is not None:
+        plan.norm(stack.norm)
+    return torch.classes.aiayn_native.DecodeStep(plan.tensors, plan.ints, plan.floats)
+
+
+def _activation(name: str, dtype: torch.dtype) -> str:
+    """The activation as the eager FFN computes it (GPT-2's GELU: the kernel timed faster here)."""
+    if name == "gelu_tanh" and dtype in gemv.DTYPES and kernel_choice.choose_gelu_tanh(dtype) == "native":
+        return "gelu_tanh-native"
+    return name
+
+
+def _attention(attention: Any, dtype: torch.dtype) -> str:
+    """The backend of one query, as :func:`aiayn.nn.attention.resolve_backend` picks it eagerly."""
+    backend: str = attention.backend
+    if backend == "auto":
+        backend = ONE_QUERY.get((dtype, attention.n_heads, attention.head_dim), "sdpa")
+    return "sdpa" if backend == "native" and dtype not in gemv.DTYPES else backend
+
+
+def _linear(plan: _Plan, module: Any, one_row: bool, dtype: torch.dtype) -> None:
+    """Write how ``module`` computes a call of one row (``one_row``) or several, as its ``forward`` does.
+
+    Raises ``ValueError`` for a layer kind the C++ step does not know (the decoder then keeps the eager step)."""
+    if module is None:
+        return plan.linear("absent")
+    out = module.out_features
+    if type(module) is PackedLinear:  # exact types: a subclass may compute otherwise (int8-dynamic's does)
+        kernel = module.one if one_row else module.many
+        if kernel in gemv.KERNELS and module.weight.dtype == dtype and module.weight.is_contiguous():
+            return plan.linear("gemv", gemv.KERNELS[kernel], out, module.weight, None, module.bias)
+        if kernel == "packed":
+            module.refresh()
+            if module._packed is not None:
+                return plan.linear("packed", 0, out, module._packed, None, module.bias)
+            return plan.linear("plain", 0, out, module.weight, None, module.bias)
+        if kernel == "plain":
+            return plan.linear("plain", 0, out, module.weight, None, module.bias)
+    elif type(module) is Int8Linear:
+        if one_row and module.one in gemv.KERNELS and dtype in gemv.DTYPES:
+            return plan.linear("gemv", gemv.KERNELS[module.one], out, module.weight, module.scale, module.bias)
+        if module.in_features % _KERNEL_K_MULTIPLE == 0:
+            compute = dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+            module.repack(compute)
+            return plan.linear("int8", 0, out, module.weight, module.kernel_scale, module.bias)
+    elif type(module) is Int4Linear:
+        compute = dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        module.repack(compute)
+        return plan.linear("int4", module.group_size, out, module.packed, module.scale_zeros, module.bias)
+    elif type(module) is nn.Linear:
+        return plan.linear("plain", 0, out, module.weight, None, module.bias)
+    raise ValueError(f"the C++ step does not know how a {type(module).__name__} computes ({module.extra_repr()})")

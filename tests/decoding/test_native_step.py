@@ -1,0 +1,152 @@
+"""The one-token step in C++ (aiayn.decoding.native_step) gives the eager step's logits, for every layer kind it
+takes, and leaves every other model to the eager step."""
+
+import pytest
+import torch
+from decoding_helpers import gpt, random_rows
+
+from aiayn.decoding import CausalLMDecoder, GenerationConfig, generate, left_pad
+from aiayn.decoding.adapters import _decode_one
+from aiayn.decoding.native_step import NativeStep, native_step_blocker
+from aiayn.inference import kernel_choice
+from aiayn.inference.precision import PackedLinear
+from aiayn.inference.quantization import Int8Linear
+from aiayn.nn import attention
+from aiayn.pretrained import prepare_for_inference
+
+FEED = torch.tensor([[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]])  # (STEPS, B): tokens fed after the prefill
+
+
+def _loaded(dtype=None, quantize=None, **overrides):
+    """A tiny decoder-only model prepared as aiayn.load prepares one (Q/K/V fused, cast, kernels chosen)."""
+    return prepare_for_inference(gpt(**overrides), dtype=dtype, quantize=quantize)
+
+
+def _kernels(model, one, many="packed", int8="native"):
+    """Every floating-point Linear's one-row and several-row kernel, and every int8 layer's one-row kernel, set by hand."""
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            module.one, module.many = one, many
+            module.refresh()
+        elif isinstance(module, Int8Linear):
+            module.one = int8
+
+
+def _teacher_forced(decoder, ids, mask):
+    """Logits after the prefill, then after feeding each row of FEED; and the decoder's step function."""
+    state, logits = decoder.start(ids, mask, max_new_tokens=len(FEED) + 1)
+    return torch.stack([logits] + [decoder.step(token[: ids.shape[0]], state) for token in FEED])
+
+
+def _assert_same_logits(model, tolerance=0.0):
+    """The C++ step against the model's forward, over a left-padded batch of three and over one row."""
+    for lengths in ([5, 2, 3], [4]):
+        ids, mask = left_pad(random_rows(lengths))
+        native, eager = CausalLMDecoder(model, static_cache=True), CausalLMDecoder(model, static_cache=True, native=False)
+        assert isinstance(native._step, NativeStep) and eager._step is _decode_one
+        got, want = _teacher_forced(native, ids, mask), _teacher_forced(eager, ids, mask)
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("one", ["native", "native-prefetch", "plain", "packed"])
+def test_gpt2_like_layers_give_the_eager_logits(native_gemv, monkeypatch, dtype, one):
+    """Pre-LN, learned positions, GPT-2's GELU through our kernel, our one-query attention, each one-row Linear kernel."""
+    monkeypatch.setattr(kernel_choice, "choose_gelu_tanh", lambda dtype: "native")
+    model = _loaded(dtype, activation="gelu_tanh")
+    _kernels(model, one)
+    monkeypatch.setitem(attention.ONE_QUERY, (model.embed.weight.dtype, 4, 8), "native")
+    _assert_same_logits(model)
+
+
+@pytest.mark.parametrize(("overrides", "backend"), [
+    ({"norm_position": "post", "positions": "sinusoidal", "activation": "relu"}, "sdpa"),  # the paper's layer
+    ({"norm": "rmsnorm", "activation": "swiglu", "n_kv_heads": 2, "positions": "none"}, "math"),  # Llama-like, grouped
+    ({"activation": "gelu", "n_kv_heads": 1, "bias": False}, "sdpa"),  # multi-query, no biases
+    ({"activation": "silu"}, "native"),
+    ({"activation": "relu2", "n_kv_heads": 2}, "native"),
+])
+def test_other_layer_kinds_give_the_eager_logits(native_gemv, monkeypatch, overrides, backend):
+    model = _loaded(**overrides)
+    monkeypatch.setitem(attention.ONE_QUERY, (torch.float32, 4, 8), backend)
+    _assert_same_logits(model, tolerance=1e-6)
+
+
+@pytest.mark.parametrize(("quantize", "int8"), [("int8", "native"), ("int8", "torch"), ("int4", None)])
+def test_quantised_layers_give_the_eager_logits(native_gemv, quantize, int8):
+    model = _loaded(quantize=quantize, d_model=64, d_ff=128)  # int4 groups of 32 inputs
+    if int8 is not None:
+        _kernels(model, "packed", int8=int8)
+    _assert_same_logits(model)
+
+
+def test_greedy_generation_gives_the_eager_tokens(native_gemv):
+    model = _loaded(activation="gelu_tanh")
+    ids, mask = left_pad(random_rows([6, 3]))
+    config = GenerationConfig(max_new_tokens=12, greedy=True, eos_id=None)
+    native = generate(CausalLMDecoder(model, static_cache=True), ids, mask, config).tokens
+    assert torch.equal(native, generate(CausalLMDecoder(model, static_cache=True, native=False), ids, mask, config).tokens)
+
+
+@pytest.mark.parametrize(("overrides", "reason"), [
+    ({"positions": "rotary"}, "rotary positions"),
+    ({"positions": "alibi"}, "alibi positions"),
+    ({"attention": "local", "window": 4}, "layer 0: local attention"),
+    ({"attention": "linear"}, "layer 0: linear attention"),
+    ({"mixer": "ssm"}, "layer 0: a state-space mixer"),
+    ({"qk_norm": True}, "layer 0: QK norm"),
+])
+def test_other_models_keep_the_eager_step(native_gemv, overrides, reason):
+    model = _loaded(**overrides)
+    assert native_step_blocker(model).startswith(reason)
+    assert CausalLMDecoder(model, static_cache=True)._step is _decode_one
+
+
+def test_a_model_not_prepared_for_inference_keeps_the_eager_step(native_gemv):
+    model = gpt()
+    assert "not fused" in native_step_blocker(model)
+    assert native_step_blocker(model.train()) == "a model in training mode"
+
+
+def test_a_linear_kind_it_does_not_know_keeps_the_eager_step_for_that_batch_kind(native_gemv):
+    model = _loaded()
+    _kernels(model, "split")  # one row through the split kernel: not a kind of the C++ step; several rows packed
+    _assert_same_logits(model)
+    decoder = CausalLMDecoder(model, static_cache=True)
+    _teacher_forced(decoder, *left_pad(random_rows([4])))
+    _teacher_forced(decoder, *left_pad(random_rows([4, 2])))
+    assert decoder._step._plans[True] is None and decoder._step._plans[False] is not None
+
+
+def test_a_model_switched_to_training_takes_the_eager_step(native_gemv):
+    model = _loaded()
+    decoder = CausalLMDecoder(model, static_cache=True)
+    ids, mask = left_pad(random_rows([4]))
+    state, logits = decoder.start(ids, mask, max_new_tokens=3)
+    model.train()
+    with torch.no_grad():
+        want = model(FEED[0, :1, None], None, cache=state.cache, offset=state.column - state.pads)[:, -1]
+    model.eval()
+    state.cache.crop(int(state.column))  # the column the check wrote, written again
+    model.train()
+    torch.testing.assert_close(decoder.step(FEED[0, :1], state), want)
+
+
+def test_stepping_past_the_static_cache_names_its_length(native_gemv):
+    model = _loaded()
+    decoder = CausalLMDecoder(model, static_cache=True)
+    ids, mask = left_pad(random_rows([4]))
+    state, logits = decoder.start(ids, mask, max_new_tokens=1)  # 5 columns: the prompt and one token
+    decoder.step(FEED[0, :1], state)
+    with pytest.raises(ValueError, match="static cache holds max_len=5 positions, asked for 6"):
+        decoder.step(FEED[1, :1], state)
+
+
+def test_int8_dynamic_layers_keep_the_eager_step(native_gemv):
+    """Int8DynamicLinear is an Int8Linear that quantises its input too: not the kind the C++ step computes."""
+    model = _loaded(quantize="int8-dynamic", d_model=64, d_ff=128)
+    decoder = CausalLMDecoder(model, static_cache=True)
+    ids, mask = left_pad(random_rows([4]))
+    got = _teacher_forced(decoder, ids, mask)
+    torch.testing.assert_close(got, _teacher_forced(CausalLMDecoder(model, static_cache=True, native=False), ids, mask), rtol=0, atol=0)
+    assert decoder._step._plans == {True: None}
