@@ -9,7 +9,8 @@ attention, the GELU), in the order :meth:`~aiayn.nn.blocks.TransformerLayer.forw
 position embeddings and the output projection stay the model's own modules.
 
 It applies to a decoder-only model in eval mode on the CPU whose layers are softmax self-attention with Q/K/V fused
-at load (:mod:`aiayn.inference.fusion`, as SwiGLU's gate and up), positions added to the input (learned, sinusoidal or none), no QK norm,
+at load (:mod:`aiayn.inference.fusion`, as SwiGLU's gate and up), positions added to the input (learned, sinusoidal or none)
+or rotary over whole heads (the step rotates the query and the new key with the angles the model's module computes), no QK norm,
 LayerNorm or RMSNorm, and Linear layers of the kinds in :data:`LINEAR_KINDS`; :func:`native_step_blocker` names
 what stops any other model, which then takes the eager step. Like a compiled step, it holds the derived weights
 (oneDNN's packed copy, int4's layout) as they were when it was built: build a new decoder after changing a loaded
@@ -33,6 +34,7 @@ from aiayn.models.decoder_only import DecoderOnly
 from aiayn.nn.attention import ONE_QUERY
 from aiayn.nn.blocks import TransformerLayer
 from aiayn.nn.cache import KVCache, StaticLayerCache
+from aiayn.nn.positional import RotaryPositions
 
 __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_step", "native_step_blocker"]
 
@@ -43,7 +45,7 @@ LINEAR_KINDS = {"absent": 0, "plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_tanh-native": 3, "silu": 4, "swiglu": 5, "relu2": 6}
 ATTENTION = {"native": 0, "sdpa": 1, "math": 2}
-POSITIONS = ("learned", "sinusoidal", "none")  # the kinds that add positions to the input, and do nothing in attention
+POSITIONS = ("learned", "sinusoidal", "none", "rotary")  # added to the input, or rotating queries and keys (the step rotates)
 
 
 class _Plan:
@@ -79,6 +81,8 @@ def native_step_blocker(model: nn.Module) -> str | None:
         return f"weights on {model.embed.weight.device} (the CPU only)"
     if model.positions.kind not in POSITIONS:
         return f"{model.positions.kind} positions (accepted: {', '.join(POSITIONS)})"
+    if isinstance(model.positions, RotaryPositions) and 2 * model.positions.inv_freq.numel() != model.config.head_dim:
+        return "rotary positions over part of each head"
     stack = model.decoder
     if stack.norm is not None and type(stack.norm) not in NORMS:
         return f"a final {type(stack.norm).__name__}"
@@ -140,8 +144,10 @@ class NativeStep:
         plan = self._plans[one]
         if plan is None:
             return self._fallback(model, tokens, cache, key_mask, offset)
-        x = model.positions.embed(model.embed(tokens), offset)  # (B, 1, D): the model's own embeddings
-        x = plan.run(x, [t for c in caches for t in (c.k, c.v)], [c.next_column for c in caches], key_mask)
+        positions = model.positions
+        x = positions.embed(model.embed(tokens), offset)  # (B, 1, D): the model's own embeddings
+        cos, sin = positions.angles(offset, 1, x.device) if isinstance(positions, RotaryPositions) else (None, None)
+        x = plan.run(x, [t for c in caches for t in (c.k, c.v)], [c.next_column for c in caches], key_mask, cos, sin)
         return model.output(x)[:, -1]
 
 
@@ -160,7 +166,8 @@ def build_plan(model: DecoderOnly, one_row: bool) -> Any:
     first: Any = layers[0].self_attn
     dtype = model.embed.weight.dtype
     plan = _Plan()
-    plan.ints += [first.n_heads, first.n_kv_heads, first.head_dim, int(layers[0].pre_norm), int(stack.norm is not None), len(layers)]
+    plan.ints += [first.n_heads, first.n_kv_heads, first.head_dim, int(layers[0].pre_norm), int(stack.norm is not None),
+                  int(model.positions.kind == "rotary"), len(layers)]
     for layer in layers:
         attention: Any = layer.self_attn
         ffn = layer.ffn

@@ -141,6 +141,44 @@ void write_column(const at::Tensor& projected, int64_t offset, at::Tensor& buffe
   }
 }
 
+// Rotary positions (RoPE, the two halves of each head paired, as aiayn.nn.positional.RotaryPositions rotates):
+// y = x * cos + rotate_half(x) * sin in fp32, rounded to x's dtype, for `heads` heads of `dim` features from `from`
+// (contiguous heads) into `to` (heads `to_head` elements apart); cos and sin (dim,) fp32 of this row's position.
+template <typename T>
+void rotate_heads(const T* from, T* to, int64_t heads, int64_t dim, int64_t to_head, const float* cos, const float* sin) {
+  const int64_t half = dim / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    const T* x = from + h * dim;
+    T* y = to + h * to_head;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = static_cast<float>(x[i]), b = static_cast<float>(x[i + half]);
+      y[i] = static_cast<T>(a * cos[i] + (-b) * sin[i]);
+      y[i + half] = static_cast<T>(b * cos[i + half] + a * sin[i + half]);
+    }
+  }
+}
+
+// Heads (B, 1, heads * Dh) at `offset` of the fused projection's row, rotated by row b's angles (cos and sin
+// (B or 1, 1, 1, Dh)), into `to` (B, heads, S, Dh) at `column` (the query: a (B, H, 1, Dh) tensor; a key: the cache).
+void rotate_into(const at::Tensor& projected, int64_t offset, at::Tensor& to, int64_t column, int64_t head_dim, const at::Tensor& cos,
+                 const at::Tensor& sin) {
+  const int64_t row = projected.size(-1);
+  for (int64_t b = 0; b < to.size(0); ++b) {
+    const int64_t angle_row = cos.size(0) == 1 ? 0 : b;
+    const float* c = cos.const_data_ptr<float>() + angle_row * head_dim;
+    const float* s = sin.const_data_ptr<float>() + angle_row * head_dim;
+    const int64_t from = b * row + offset, into = b * to.stride(0) + column * to.stride(2);
+    if (to.scalar_type() == at::kFloat) {
+      rotate_heads(projected.const_data_ptr<float>() + from, to.mutable_data_ptr<float>() + into, to.size(1), head_dim, to.stride(1), c, s);
+    } else {
+      TORCH_CHECK(to.scalar_type() == at::kBFloat16, "aiayn_native::DecodeStep: rotary positions in float32 or bfloat16, got ",
+                  to.scalar_type());
+      rotate_heads(projected.const_data_ptr<at::BFloat16>() + from, to.mutable_data_ptr<at::BFloat16>() + into, to.size(1), head_dim,
+                   to.stride(1), c, s);
+    }
+  }
+}
+
 // A weight-only quantised matmul's epilogue, as Int8Linear and Int4Linear write it: the bias added in its own dtype,
 // then back to x's dtype and shape.
 at::Tensor finish(at::Tensor out, const Linear& l, const at::Tensor& x) {
@@ -190,6 +228,7 @@ class DecodeStep : public torch::CustomClassHolder {
     head_dim_ = r.integer();
     pre_norm_ = r.integer() != 0;
     has_final_norm_ = r.integer() != 0;
+    rotary_ = r.integer() != 0;
     const int64_t n_layers = r.integer();
     TORCH_CHECK(n_heads_ > 0 && n_kv_heads_ > 0 && n_heads_ % n_kv_heads_ == 0 && head_dim_ > 0 && n_layers >= 0,
                 "aiayn_native::DecodeStep: heads ", n_heads_, ", key/value heads ", n_kv_heads_, ", head dim ", head_dim_);
@@ -211,8 +250,10 @@ class DecodeStep : public torch::CustomClassHolder {
 
   // x (B, 1, D) after the embeddings -> (B, 1, D) after the last layer (and the final norm). cache: each layer's key
   // and value buffers (B, Hkv, max_len, Dh), layer by layer; columns: each layer's next column (a one-element long
-  // tensor, advanced here); key_mask: None or bool (B, W) with W > the column written, True = may attend.
-  at::Tensor run(at::Tensor x, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns, std::optional<at::Tensor> key_mask) {
+  // tensor, advanced here); key_mask: None or bool (B, W) with W > the column written, True = may attend; cos and sin:
+  // rotary positions' angles at each row's position (B or 1, 1, 1, Dh), None without them.
+  at::Tensor run(at::Tensor x, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns, std::optional<at::Tensor> key_mask,
+                 std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
     const int64_t n = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(static_cast<int64_t>(cache.size()) == 2 * n && static_cast<int64_t>(columns.size()) == n,
                 "aiayn_native::DecodeStep: ", n, " layers take ", 2 * n, " cache buffers and ", n, " columns, got ", cache.size(),
@@ -220,6 +261,15 @@ class DecodeStep : public torch::CustomClassHolder {
     TORCH_CHECK(x.dim() == 3 && x.size(1) == 1, "aiayn_native::DecodeStep: x must be (B, 1, D), got ", x.sizes());
     const int64_t batch = x.size(0), q_width = n_heads_ * head_dim_, kv_width = n_kv_heads_ * head_dim_;
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+    TORCH_CHECK(cos.has_value() == rotary_ && sin.has_value() == rotary_, "aiayn_native::DecodeStep: cos and sin go with rotary ",
+                "positions, and only with them");
+    if (rotary_) {
+      for (const at::Tensor* t : {&*cos, &*sin}) {
+        TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 4 && (t->size(0) == 1 || t->size(0) == batch) &&
+                    t->size(1) == 1 && t->size(2) == 1 && t->size(3) == head_dim_, "aiayn_native::DecodeStep: cos and sin must be ",
+                    "contiguous float32 (B or 1, 1, 1, ", head_dim_, "), got ", t->scalar_type(), " ", t->sizes());
+      }
+    }
     for (int64_t i = 0; i < n; ++i) {
       const Layer& layer = layers_[i];
       at::Tensor& keys = cache[2 * i];
@@ -235,8 +285,15 @@ class DecodeStep : public torch::CustomClassHolder {
       // the next column; the query attends over the columns filled so far.
       const at::Tensor qkv = linear(pre_norm_ ? layer.attention_norm(x) : x, layer.qkv).contiguous();
       const int64_t row = qkv.size(-1);
-      const at::Tensor q = qkv.as_strided({batch, n_heads_, 1, head_dim_}, {row, head_dim_, row, 1}, qkv.storage_offset());
-      write_column(qkv, q_width, keys, column, head_dim_);
+      at::Tensor q;
+      if (rotary_) {  // the query and the new key rotated by their position (the value is not)
+        q = at::empty({batch, n_heads_, 1, head_dim_}, qkv.options());
+        rotate_into(qkv, 0, q, 0, head_dim_, *cos, *sin);
+        rotate_into(qkv, q_width, keys, column, head_dim_, *cos, *sin);
+      } else {
+        q = qkv.as_strided({batch, n_heads_, 1, head_dim_}, {row, head_dim_, row, 1}, qkv.storage_offset());
+        write_column(qkv, q_width, keys, column, head_dim_);
+      }
       write_column(qkv, q_width + kv_width, values, column, head_dim_);
       *next = filled;
       std::optional<at::Tensor> mask;
@@ -292,7 +349,7 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   int64_t n_heads_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
-  bool pre_norm_ = false, has_final_norm_ = false;
+  bool pre_norm_ = false, has_final_norm_ = false, rotary_ = false;
   std::vector<Layer> layers_;
   Norm final_norm_;
 };

@@ -153,11 +153,17 @@ class RotaryPositions(PositionalEncoding):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def rotate(self, q: Tensor, k: Tensor, offset: int | Tensor = 0) -> tuple[Tensor, Tensor]:
-        pos = position_ids(offset, q.shape[2], q.device).float()  # (1|B, T)
+        cos, sin = self.angles(offset, q.shape[2], q.device)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def angles(self, offset: int | Tensor, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """``cos, sin`` of each feature's angle at positions ``offset .. offset + length - 1``, fp32 ``(1|B, 1, T, Dh)``
+        (the C++ decoding step rotates with them too: aiayn.decoding.native_step)."""
+        pos = position_ids(offset, length, device).float()  # (1|B, T)
         angle = pos[..., None] * self.inv_freq  # (1|B, T, Dh/2)
         cos = torch.cat([angle.cos(), angle.cos()], dim=-1)[:, None]  # (1|B, 1, T, Dh)
         sin = torch.cat([angle.sin(), angle.sin()], dim=-1)[:, None]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return cos, sin
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -38,22 +38,26 @@ def _teacher_forced(decoder, ids, mask):
     return torch.stack([logits] + [decoder.step(token[: ids.shape[0]], state) for token in FEED])
 
 
-def _assert_same_logits(model, tolerance=0.0):
-    """The C++ step against the model's forward, over a left-padded batch of three and over one row."""
+def _assert_same_logits(model, tolerance=0.0, *, every_batch_kind=True):
+    """The C++ step against the model's forward, over a left-padded batch of three and over one row (``every_batch_kind``:
+    the C++ step ran for both, none of them falling back to the forward)."""
     for lengths in ([5, 2, 3], [4]):
         ids, mask = left_pad(random_rows(lengths))
         native, eager = CausalLMDecoder(model, static_cache=True), CausalLMDecoder(model, static_cache=True, native=False)
         assert isinstance(native._step, NativeStep) and eager._step is _decode_one
         got, want = _teacher_forced(native, ids, mask), _teacher_forced(eager, ids, mask)
         torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+        assert not every_batch_kind or all(plan is not None for plan in native._step._plans.values())
 
 
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
 @pytest.mark.parametrize("one", ["native", "native-prefetch", "plain", "packed"])
-def test_gpt2_like_layers_give_the_eager_logits(native_gemv, monkeypatch, dtype, one):
-    """Pre-LN, learned positions, GPT-2's GELU through our kernel, our one-query attention, each one-row Linear kernel."""
+def test_gpt2_like_layers_give_the_eager_logits(native_gemv, monkeypatch, dtype, one, positions):
+    """Pre-LN, learned positions (or rotary: the query and the new key rotated in C++), GPT-2's GELU through our kernel,
+    our one-query attention, each one-row Linear kernel."""
     monkeypatch.setattr(kernel_choice, "choose_gelu_tanh", lambda dtype: "native")
-    model = _loaded(dtype, activation="gelu_tanh")
+    model = _loaded(dtype, activation="gelu_tanh", positions=positions)
     _kernels(model, one)
     monkeypatch.setitem(attention.ONE_QUERY, (model.embed.weight.dtype, 4, 8), "native")
     _assert_same_logits(model)
@@ -61,9 +65,9 @@ def test_gpt2_like_layers_give_the_eager_logits(native_gemv, monkeypatch, dtype,
 
 @pytest.mark.parametrize(("overrides", "backend"), [
     ({"norm_position": "post", "positions": "sinusoidal", "activation": "relu"}, "sdpa"),  # the paper's layer
-    ({"norm": "rmsnorm", "activation": "swiglu", "n_kv_heads": 2, "positions": "none"}, "math"),  # Llama-like, grouped
-    ({"activation": "gelu", "n_kv_heads": 1, "bias": False}, "sdpa"),  # multi-query, no biases
-    ({"activation": "silu"}, "native"),
+    ({"norm": "rmsnorm", "activation": "swiglu", "n_kv_heads": 2, "positions": "rotary", "bias": False}, "math"),  # Llama-like
+    ({"activation": "gelu", "n_kv_heads": 1, "bias": False, "positions": "rotary"}, "sdpa"),  # multi-query, no biases
+    ({"activation": "silu", "positions": "none"}, "native"),
     ({"activation": "relu2", "n_kv_heads": 2}, "native"),
 ])
 def test_other_layer_kinds_give_the_eager_logits(native_gemv, monkeypatch, overrides, backend):
@@ -89,7 +93,6 @@ def test_greedy_generation_gives_the_eager_tokens(native_gemv):
 
 
 @pytest.mark.parametrize(("overrides", "reason"), [
-    ({"positions": "rotary"}, "rotary positions"),
     ({"positions": "alibi"}, "alibi positions"),
     ({"attention": "local", "window": 4}, "layer 0: local attention"),
     ({"attention": "linear"}, "layer 0: linear attention"),
@@ -111,7 +114,7 @@ def test_a_model_not_prepared_for_inference_keeps_the_eager_step(native_gemv):
 def test_a_linear_kind_it_does_not_know_keeps_the_eager_step_for_that_batch_kind(native_gemv):
     model = _loaded()
     _kernels(model, "split")  # one row through the split kernel: not a kind of the C++ step; several rows packed
-    _assert_same_logits(model)
+    _assert_same_logits(model, every_batch_kind=False)
     decoder = CausalLMDecoder(model, static_cache=True)
     _teacher_forced(decoder, *left_pad(random_rows([4])))
     _teacher_forced(decoder, *left_pad(random_rows([4, 2])))
