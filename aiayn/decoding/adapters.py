@@ -152,9 +152,10 @@ class CausalLMDecoder:
     length, ``max_new_tokens`` and step (the filled width and the buffers' length are dynamic, the rest
     static), whose guards check layer 0 for all layers (:func:`_step_guards`) and whose weights are frozen into
     it (:func:`compiled_step`): build a new decoder after changing the model's layers or weights. The prefill
-    checks the prompt's ids; a compiled step does not check the model's own tokens. Without ``compile``, a static
-    cache's one-token steps run in C++ where the model allows it (:mod:`aiayn.decoding.native_step`: the same kernels
-    without the Python between them; the same contract on weights); ``native=False`` keeps them in the model's forward.
+    checks the prompt's ids; a compiled step does not check the model's own tokens. Without ``compile``, the
+    one-token steps over either cache run in C++ where the model allows it (:mod:`aiayn.decoding.native_step`: the same
+    kernels without the Python between them; the same contract on weights); ``native=False`` keeps them in the model's
+    forward.
     """
 
     def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False, compile: bool = False,
@@ -168,10 +169,9 @@ class CausalLMDecoder:
         _warn_if_training(model)
         self.model, self.use_cache, self.compiled = model, use_cache, compile
         self.static_cache = (static_cache or compile) and blocker is None
-        if compile:
-            self._step = _chosen_step(model)
-        else:  # the C++ step where it applies (aiayn.decoding.native_step), else the model's forward
-            self._step = (native_step(model, _decode_one) if native and self.static_cache else None) or _decode_one
+        # the one-token step in C++ where it applies (aiayn.decoding.native_step), over either cache; else the model's forward
+        self._native = native_step(model, _decode_one) if native and use_cache and not compile else None
+        self._step = _chosen_step(model) if compile else (self._native or _decode_one)
         # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
         # scores depend only on distances, which left padding does not change.
         self._column_positions = model.positions.kind in ("alibi", "none")
@@ -226,9 +226,8 @@ class CausalLMDecoder:
             return self._encode_window(state)
         if state.cache is not None:
             column = state.tokens.shape[1] - 1
-            logits = self.model(tokens[:, None], self._pad_mask(state), cache=state.cache, offset=self._offset(state, column))
-        else:
-            logits = self.model(state.tokens, self._pad_mask(state), offset=self._offset(state, 0))
+            return (self._native or _decode_one)(self.model, tokens[:, None], state.cache, self._pad_mask(state), self._offset(state, column))
+        logits = self.model(state.tokens, self._pad_mask(state), offset=self._offset(state, 0))
         return logits[:, -1]
 
     @torch.no_grad()

@@ -1,5 +1,5 @@
-"""The one-token decoding step in C++: the layers of a decoder-only model for one new token per row, over its static
-KV cache, with no Python between the operators (``aiayn/inference/decode_step.cpp``).
+"""The one-token decoding step in C++: the layers of a decoder-only model for one new token per row, over its KV cache
+(static or growing), with no Python between the operators (``aiayn/inference/decode_step.cpp``).
 
 Why: the eager step calls a few dozen modules and operators a layer from Python. With GPT-2 small's weights streaming
 through the caches at every token, that Python took 3-5 ms of a 20 ms fp32 token on an AMX Xeon (Inductor's compiled
@@ -33,7 +33,7 @@ from aiayn.models.common import check_token_ids
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.nn.attention import ONE_QUERY
 from aiayn.nn.blocks import TransformerLayer
-from aiayn.nn.cache import KVCache, StaticLayerCache
+from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
 from aiayn.nn.positional import RotaryPositions
 
 __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_step", "native_step_blocker"]
@@ -129,9 +129,11 @@ class NativeStep:
         self._model, self._fallback = model, fallback
         self._plans: dict[bool, Any] = {}  # one row? -> torch.classes.aiayn_native.DecodeStep
 
-    def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache, key_mask: Tensor | None, offset: Tensor) -> Tensor:
+    def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
         caches = cache.self_attn
-        if model.training or model is not self._model or not all(isinstance(c, StaticLayerCache) and c.k is not None for c in caches):
+        static = all(type(c) is StaticLayerCache and c.k is not None for c in caches)
+        growing = not static and all(type(c) is LayerCache and c.k is not None for c in caches)
+        if model.training or model is not self._model or not (static or growing):
             return self._fallback(model, tokens, cache, key_mask, offset)
         check_token_ids(tokens, model.config.vocab_size, "ids")
         one = tokens.shape[0] == 1
@@ -147,7 +149,13 @@ class NativeStep:
         positions = model.positions
         x = positions.embed(model.embed(tokens), offset)  # (B, 1, D): the model's own embeddings
         cos, sin = positions.angles(offset, 1, x.device) if isinstance(positions, RotaryPositions) else (None, None)
-        x = plan.run(x, [t for c in caches for t in (c.k, c.v)], [c.next_column for c in caches], key_mask, cos, sin)
+        tensors = [t for c in caches for t in (c.k, c.v)]
+        if static:
+            x = plan.run(x, tensors, [c.next_column for c in caches], key_mask, cos, sin)
+        else:  # the growing cache: each layer's keys and values with the new position appended, as LayerCache.update does
+            x, tensors = plan.run_growing(x, tensors, key_mask, cos, sin)
+            for c, k, v in zip(caches, tensors[0::2], tensors[1::2]):
+                c.k, c.v, c.length = k, v, c.length + 1
         return model.output(x)[:, -1]
 
 

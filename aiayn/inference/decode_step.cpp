@@ -255,9 +255,28 @@ class DecodeStep : public torch::CustomClassHolder {
   at::Tensor run(at::Tensor x, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns, std::optional<at::Tensor> key_mask,
                  std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
     const int64_t n = static_cast<int64_t>(layers_.size());
-    TORCH_CHECK(static_cast<int64_t>(cache.size()) == 2 * n && static_cast<int64_t>(columns.size()) == n,
-                "aiayn_native::DecodeStep: ", n, " layers take ", 2 * n, " cache buffers and ", n, " columns, got ", cache.size(),
-                " and ", columns.size());
+    TORCH_CHECK(static_cast<int64_t>(columns.size()) == n, "aiayn_native::DecodeStep: ", n, " layers take ", n, " columns, got ",
+                columns.size());
+    return forward(std::move(x), cache, &columns, key_mask, cos, sin);
+  }
+
+  // The same over growing caches (LayerCache: keys and values (B, Hkv, S, Dh) of every position so far): each layer's
+  // new key and value are appended (torch.cat, as LayerCache.update does); returns x and the caches' new tensors, in
+  // the order of `cache`, for the caller to hold. key_mask: None or bool (B, S + 1).
+  std::tuple<at::Tensor, std::vector<at::Tensor>> run_growing(at::Tensor x, std::vector<at::Tensor> cache,
+                                                               std::optional<at::Tensor> key_mask, std::optional<at::Tensor> cos,
+                                                               std::optional<at::Tensor> sin) {
+    at::Tensor out = forward(std::move(x), cache, nullptr, key_mask, cos, sin);
+    return {out, cache};
+  }
+
+ private:
+  // The layers: `columns` each static cache's next column (nullptr: the caches grow, and `cache` gets their new tensors).
+  at::Tensor forward(at::Tensor x, std::vector<at::Tensor>& cache, std::vector<at::Tensor>* columns, const std::optional<at::Tensor>& key_mask,
+                     const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin) const {
+    const int64_t n = static_cast<int64_t>(layers_.size());
+    TORCH_CHECK(static_cast<int64_t>(cache.size()) == 2 * n, "aiayn_native::DecodeStep: ", n, " layers take ", 2 * n,
+                " cache tensors, got ", cache.size());
     TORCH_CHECK(x.dim() == 3 && x.size(1) == 1, "aiayn_native::DecodeStep: x must be (B, 1, D), got ", x.sizes());
     const int64_t batch = x.size(0), q_width = n_heads_ * head_dim_, kv_width = n_kv_heads_ * head_dim_;
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
@@ -274,28 +293,47 @@ class DecodeStep : public torch::CustomClassHolder {
       const Layer& layer = layers_[i];
       at::Tensor& keys = cache[2 * i];
       at::Tensor& values = cache[2 * i + 1];
-      TORCH_CHECK(columns[i].scalar_type() == at::kLong && columns[i].numel() == 1 && columns[i].is_cpu() && keys.dim() == 4 &&
-                  values.sizes() == keys.sizes() && keys.size(0) == batch && keys.size(1) == n_kv_heads_ && keys.size(3) == head_dim_,
-                  "aiayn_native::DecodeStep: layer ", i, "'s cache: buffers (", batch, ", ", n_kv_heads_, ", max_len, ", head_dim_,
-                  ") and a one-element long column, got ", keys.sizes(), " and ", columns[i].sizes());
-      int64_t* next = columns[i].mutable_data_ptr<int64_t>();
-      const int64_t column = *next, filled = column + 1;
-      TORCH_CHECK_VALUE(column < keys.size(2), "static cache holds max_len=", keys.size(2), " positions, asked for ", filled);
+      TORCH_CHECK(keys.dim() == 4 && values.sizes() == keys.sizes() && keys.size(0) == batch && keys.size(1) == n_kv_heads_ &&
+                  keys.size(3) == head_dim_, "aiayn_native::DecodeStep: layer ", i, "'s cache: keys and values (", batch, ", ",
+                  n_kv_heads_, ", S, ", head_dim_, "), got ", keys.sizes(), " and ", values.sizes());
+      int64_t* next = nullptr;
+      int64_t column = keys.size(2);  // growing: the new position goes after the cached ones
+      if (columns != nullptr) {
+        at::Tensor& held = (*columns)[i];
+        TORCH_CHECK(held.scalar_type() == at::kLong && held.numel() == 1 && held.is_cpu(), "aiayn_native::DecodeStep: layer ", i,
+                    "'s column must be a one-element long tensor, got ", held.sizes());
+        next = held.mutable_data_ptr<int64_t>();
+        column = *next;
+        TORCH_CHECK_VALUE(column < keys.size(2), "static cache holds max_len=", keys.size(2), " positions, asked for ", column + 1);
+      }
+      const int64_t filled = column + 1;
       // Self-attention (section 3.2.2): one fused Q/K/V projection, split into heads; the new key and value written at
       // the next column; the query attends over the columns filled so far.
       const at::Tensor qkv = linear(pre_norm_ ? layer.attention_norm(x) : x, layer.qkv).contiguous();
       const int64_t row = qkv.size(-1);
+      // Where the new key and value go: the static buffers at `column`, or one-column tensors appended below.
+      at::Tensor key_into = keys, value_into = values;
+      const int64_t into = next != nullptr ? column : 0;
+      if (next == nullptr) {
+        key_into = at::empty({batch, n_kv_heads_, 1, head_dim_}, qkv.options());
+        value_into = at::empty({batch, n_kv_heads_, 1, head_dim_}, qkv.options());
+      }
       at::Tensor q;
       if (rotary_) {  // the query and the new key rotated by their position (the value is not)
         q = at::empty({batch, n_heads_, 1, head_dim_}, qkv.options());
         rotate_into(qkv, 0, q, 0, head_dim_, *cos, *sin);
-        rotate_into(qkv, q_width, keys, column, head_dim_, *cos, *sin);
+        rotate_into(qkv, q_width, key_into, into, head_dim_, *cos, *sin);
       } else {
         q = qkv.as_strided({batch, n_heads_, 1, head_dim_}, {row, head_dim_, row, 1}, qkv.storage_offset());
-        write_column(qkv, q_width, keys, column, head_dim_);
+        write_column(qkv, q_width, key_into, into, head_dim_);
       }
-      write_column(qkv, q_width + kv_width, values, column, head_dim_);
-      *next = filled;
+      write_column(qkv, q_width + kv_width, value_into, into, head_dim_);
+      if (next != nullptr) {
+        *next = filled;
+      } else {
+        keys = at::cat({keys, key_into}, 2);
+        values = at::cat({values, value_into}, 2);
+      }
       std::optional<at::Tensor> mask;
       if (key_mask.has_value()) mask = key_mask->narrow(1, 0, filled).view({batch, 1, 1, filled});
       const at::Tensor heads = attend(layer.attention, q, filled_part(keys, filled), filled_part(values, filled), mask, scale);
@@ -310,7 +348,6 @@ class DecodeStep : public torch::CustomClassHolder {
     return has_final_norm_ ? final_norm_(x) : x;
   }
 
- private:
   // The first `filled` columns of a cache buffer (B, Hkv, max_len, Dh): one view.
   static at::Tensor filled_part(const at::Tensor& buffer, int64_t filled) {
     return buffer.as_strided({buffer.size(0), buffer.size(1), filled, buffer.size(3)}, buffer.strides(), buffer.storage_offset());
@@ -359,5 +396,6 @@ class DecodeStep : public torch::CustomClassHolder {
 TORCH_LIBRARY_FRAGMENT(aiayn_native, m) {
   m.class_<DecodeStep>("DecodeStep")
       .def(torch::init<Tensors, std::vector<int64_t>, std::vector<double>>())
-      .def("run", &DecodeStep::run);
+      .def("run", &DecodeStep::run)
+      .def("run_growing", &DecodeStep::run_growing);
 }

@@ -39,15 +39,16 @@ def _teacher_forced(decoder, ids, mask):
 
 
 def _assert_same_logits(model, tolerance=0.0, *, every_batch_kind=True):
-    """The C++ step against the model's forward, over a left-padded batch of three and over one row (``every_batch_kind``:
-    the C++ step ran for both, none of them falling back to the forward)."""
-    for lengths in ([5, 2, 3], [4]):
-        ids, mask = left_pad(random_rows(lengths))
-        native, eager = CausalLMDecoder(model, static_cache=True), CausalLMDecoder(model, static_cache=True, native=False)
-        assert isinstance(native._step, NativeStep) and eager._step is _decode_one
-        got, want = _teacher_forced(native, ids, mask), _teacher_forced(eager, ids, mask)
-        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
-        assert not every_batch_kind or all(plan is not None for plan in native._step._plans.values())
+    """The C++ step against the model's forward, over the static and the growing cache, a left-padded batch of three and
+    one row (``every_batch_kind``: the C++ step ran for both, none of them falling back to the forward)."""
+    for static in (True, False):
+        for lengths in ([5, 2, 3], [4]):
+            ids, mask = left_pad(random_rows(lengths))
+            native, eager = CausalLMDecoder(model, static_cache=static), CausalLMDecoder(model, static_cache=static, native=False)
+            assert isinstance(native._native, NativeStep) and eager._native is None and eager._step is _decode_one
+            got, want = _teacher_forced(native, ids, mask), _teacher_forced(eager, ids, mask)
+            torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+            assert not every_batch_kind or all(plan is not None for plan in native._native._plans.values())
 
 
 @pytest.mark.parametrize("positions", ["learned", "rotary"])
@@ -102,7 +103,7 @@ def test_greedy_generation_gives_the_eager_tokens(native_gemv):
 def test_other_models_keep_the_eager_step(native_gemv, overrides, reason):
     model = _loaded(**overrides)
     assert native_step_blocker(model).startswith(reason)
-    assert CausalLMDecoder(model, static_cache=True)._step is _decode_one
+    assert CausalLMDecoder(model, static_cache=True)._step is _decode_one and CausalLMDecoder(model)._native is None
 
 
 def test_a_model_not_prepared_for_inference_keeps_the_eager_step(native_gemv):
