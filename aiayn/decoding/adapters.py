@@ -320,7 +320,7 @@ def as_decoder(model: nn.Module | Decoder, *, use_cache: bool = True, static_cac
     )
 
 
-def _decode_one(model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor) -> Tensor:
+def _decode_one(model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
     """One token per row ``tokens (B, 1)`` at positions ``offset (B,)`` through the model's forward: logits ``(B, V)``."""
     return model(tokens, key_mask, cache=cache, offset=offset)[:, -1]
 

@@ -129,7 +129,9 @@ class NativeStep:
         self._model, self._fallback = model, fallback
         self._plans: dict[bool, Any] = {}  # one row? -> torch.classes.aiayn_native.DecodeStep
 
-    def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
+    def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
+        if cache is None:
+            return self._fallback(model, tokens, cache, key_mask, offset)
         caches = cache.self_attn
         static = all(type(c) is StaticLayerCache and c.k is not None for c in caches)
         growing = not static and all(type(c) is LayerCache and c.k is not None for c in caches)
