@@ -5,7 +5,7 @@ import pytest
 import torch
 from decoding_helpers import gpt, random_rows
 
-from aiayn.decoding import CausalLMDecoder, GenerationConfig, generate, left_pad
+from aiayn.decoding import BeamConfig, CausalLMDecoder, GenerationConfig, SpeculativeDecoder, beam_search, generate, left_pad
 from aiayn.decoding.adapters import _decode_one
 from aiayn.decoding.native_step import NativeStep, native_step_blocker
 from aiayn.inference import kernel_choice
@@ -154,3 +154,20 @@ def test_int8_dynamic_layers_keep_the_eager_step(native_gemv):
     got = _teacher_forced(decoder, ids, mask)
     torch.testing.assert_close(got, _teacher_forced(CausalLMDecoder(model, static_cache=True, native=False), ids, mask), rtol=0, atol=0)
     assert decoder._step._plans == {True: None}
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_beam_search_and_speculative_decoding_give_the_eager_output(native_gemv, static):
+    """Beam search reorders the caches between its C++ steps; speculative decoding (its checks through the model's
+    forward) crops caches the C++ step may have written."""
+    model = _loaded(positions="rotary")
+    ids, mask = left_pad(random_rows([5, 3]))
+    native, eager = CausalLMDecoder(model, static_cache=static), CausalLMDecoder(model, static_cache=static, native=False)
+    config = BeamConfig(beam_size=3, max_new_tokens=6)
+    assert beam_search(native, ids, mask, config) == beam_search(eager, ids, mask, config)
+    assert native._native._plans.get(False) is not None  # the beams' steps ran in C++
+    prompt = torch.tensor([[7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])  # repeats: prompt lookup drafts from it
+    greedy = GenerationConfig(max_new_tokens=10, greedy=True, eos_id=None)
+    got = generate(SpeculativeDecoder(native, draft_tokens=3), prompt, None, greedy).tokens
+    assert torch.equal(got, generate(SpeculativeDecoder(eager, draft_tokens=3), prompt, None, greedy).tokens)
+    assert torch.equal(got, generate(CausalLMDecoder(model, static_cache=static, native=False), prompt, None, greedy).tokens)
