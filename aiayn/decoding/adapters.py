@@ -170,7 +170,7 @@ class CausalLMDecoder:
         self.model, self.use_cache, self.compiled = model, use_cache, compile
         self.static_cache = (static_cache or compile) and blocker is None
         # the one-token step in C++ where it applies (aiayn.decoding.native_step), over either cache; else the model's forward
-        self._native = native_step(model, _decode_one) if native and use_cache and not compile else None
+        self._native = native_step(model) if native and use_cache and not compile else None
         self._step = _chosen_step(model) if compile else (self._native or _decode_one)
         # ALiBi's bias measures key positions by column (0..S-1), so it gets column offsets; its
         # scores depend only on distances, which left padding does not change.
@@ -243,10 +243,16 @@ class CausalLMDecoder:
         if self._outgrows_window(state):
             raise ValueError(f"extend: {column + tokens.shape[1]} positions do not fit learned positions' max_len={self._window}")
         if isinstance(state, StaticState) and state.column is not None:
-            logits = self.model(tokens, state.key_mask, cache=state.cache, offset=state.column - state.pads)
+            logits = self._new_positions(tokens, state.cache, state.key_mask, state.column - state.pads)
             state.column.add_(tokens.shape[1])
             return logits
-        return self.model(tokens, self._pad_mask(state), cache=state.cache, offset=self._offset(state, column))
+        return self._new_positions(tokens, state.cache, self._pad_mask(state), self._offset(state, column))
+
+    def _new_positions(self, tokens: Tensor, cache: KVCache, mask: Tensor | None, offset: Tensor | int) -> Tensor:
+        """Logits ``(B, T, V)`` of ``tokens (B, T)`` fed after the cached positions: the C++ step where it applies."""
+        if self._native is not None:
+            return self._native.logits(self.model, tokens, cache, mask, offset)
+        return self.model(tokens, mask, cache=cache, offset=offset)
 
     def _start_static(self, ids: Tensor, mask: Tensor, total: int, max_new_tokens: int) -> tuple[DecodeState, Tensor]:
         """The prefill into a cache of ``total`` columns; row ``b``'s column ``c`` is position ``c - pads[b]``."""

@@ -10,7 +10,8 @@ position embeddings and the output projection stay the model's own modules.
 
 It applies to a decoder-only model in eval mode on the CPU whose layers are softmax self-attention with Q/K/V fused
 at load (:mod:`aiayn.inference.fusion`, as SwiGLU's gate and up), positions added to the input (learned, sinusoidal or none)
-or rotary over whole heads (the step rotates the query and the new key with the angles the model's module computes), no QK norm,
+or rotary over whole heads (the step rotates the query and the new key with the angles the model's module computes), with or
+without QK norm,
 LayerNorm or RMSNorm, and Linear layers of the kinds in :data:`LINEAR_KINDS`; :func:`native_step_blocker` names
 what stops any other model, which then takes the eager step. Like a compiled step, it holds the derived weights
 (oneDNN's packed copy, int4's layout) as they were when it was built: build a new decoder after changing a loaded
@@ -105,8 +106,6 @@ def _layer_blocker(layer: TransformerLayer) -> str | None:
         return "cross-attention"
     if attention.kernel.name != "softmax":
         return f"{attention.kernel.name} attention"
-    if attention.qk_norm:
-        return "QK norm"
     if attention.w_qkv is None:
         return "Q, K and V not fused (aiayn.inference.fusion fuses them at load)"
     for norm in (layer.self_attn_norm, layer.ffn_norm):
@@ -120,74 +119,89 @@ def _layer_blocker(layer: TransformerLayer) -> str | None:
 
 
 class NativeStep:
-    """The C++ step of one model, called as the decoder calls its step: ``(model, tokens (B, 1), cache, key_mask, offset)
-    -> logits (B, V)``. Its plans are built at the first call of each batch kind (one row, several rows: the layers'
-    kernels differ); a batch kind with a Linear layer it does not know, and a model switched to training mode, take
-    the eager step ``fallback``."""
+    """The C++ step of one model: :meth:`logits` of ``T`` new tokens per row over its KV cache, and called as the decoder
+    calls its one-token step, ``(model, tokens (B, 1), cache, key_mask, offset) -> logits (B, V)``. Its plans are built at
+    the first call of each batch kind (one row of one token, or more: the layers' kernels differ); a batch kind with a
+    Linear layer it does not know, a model switched to training mode, and a cache of another kind take the model's
+    forward."""
 
-    def __init__(self, model: DecoderOnly, fallback: Any) -> None:
-        self._model, self._fallback = model, fallback
-        self._plans: dict[bool, Any] = {}  # one row? -> torch.classes.aiayn_native.DecodeStep
+    def __init__(self, model: DecoderOnly) -> None:
+        self._model = model
+        self._plans: dict[bool, Any] = {}  # one row of one token? -> torch.classes.aiayn_native.DecodeStep
 
     def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
-        if cache is None:
-            return self._fallback(model, tokens, cache, key_mask, offset)
+        return self.logits(model, tokens, cache, key_mask, offset)[:, -1]
+
+    def logits(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
+        """``tokens (B, T)`` at positions ``offset`` (an int, or ``(B,)``) after the cached ones -> logits ``(B, T, V)``,
+        as ``model(tokens, key_mask, cache=cache, offset=offset)`` gives them."""
+        plan = self._plan(model, tokens, cache)
+        if plan is None or cache is None:
+            return model(tokens, key_mask, cache=cache, offset=offset)
+        check_token_ids(tokens, model.config.vocab_size, "ids")
+        caches = cache.self_attn
+        positions = model.positions
+        x = positions.embed(model.embed(tokens), offset)  # (B, T, D): the model's own embeddings
+        length = tokens.shape[1]
+        cos, sin = positions.angles(offset, length, x.device) if isinstance(positions, RotaryPositions) else (None, None)
+        tensors = [t for c in caches for t in (c.k, c.v)]
+        if type(caches[0]) is StaticLayerCache:
+            x = plan.run(x, tensors, [c.next_column for c in caches], key_mask, cos, sin)
+        else:  # the growing cache: each layer's keys and values with the new positions appended, as LayerCache.update does
+            x, tensors = plan.run_growing(x, tensors, key_mask, cos, sin)
+            for c, k, v in zip(caches, tensors[0::2], tensors[1::2]):
+                c.k, c.v, c.length = k, v, c.length + length
+        return model.output(x)
+
+    def _plan(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None) -> Any:
+        """The plan for this call, or ``None`` where the forward must run."""
+        if model.training or model is not self._model or cache is None:
+            return None
         caches = cache.self_attn
         static = all(type(c) is StaticLayerCache and c.k is not None for c in caches)
-        growing = not static and all(type(c) is LayerCache and c.k is not None for c in caches)
-        if model.training or model is not self._model or not (static or growing):
-            return self._fallback(model, tokens, cache, key_mask, offset)
-        check_token_ids(tokens, model.config.vocab_size, "ids")
-        one = tokens.shape[0] == 1
+        if not static and not all(type(c) is LayerCache and c.k is not None for c in caches):
+            return None
+        one = tokens.numel() == 1
         if one not in self._plans:
             try:
                 self._plans[one] = build_plan(model, one)
-            except ValueError as err:  # a Linear kind it does not know: this batch kind keeps the eager step
+            except ValueError as err:  # a Linear kind it does not know: this batch kind keeps the forward
                 log.debug("the one-token step runs eagerly at %s: %s", "one row" if one else "several rows", err)
                 self._plans[one] = None
-        plan = self._plans[one]
-        if plan is None:
-            return self._fallback(model, tokens, cache, key_mask, offset)
-        positions = model.positions
-        x = positions.embed(model.embed(tokens), offset)  # (B, 1, D): the model's own embeddings
-        cos, sin = positions.angles(offset, 1, x.device) if isinstance(positions, RotaryPositions) else (None, None)
-        tensors = [t for c in caches for t in (c.k, c.v)]
-        if static:
-            x = plan.run(x, tensors, [c.next_column for c in caches], key_mask, cos, sin)
-        else:  # the growing cache: each layer's keys and values with the new position appended, as LayerCache.update does
-            x, tensors = plan.run_growing(x, tensors, key_mask, cos, sin)
-            for c, k, v in zip(caches, tensors[0::2], tensors[1::2]):
-                c.k, c.v, c.length = k, v, c.length + 1
-        return model.output(x)[:, -1]
+        return self._plans[one]
 
 
-def native_step(model: nn.Module, fallback: Any) -> NativeStep | None:
+def native_step(model: nn.Module) -> NativeStep | None:
     """The C++ step for ``model``, or ``None`` (logged, with the reason) where it does not apply."""
     reason = native_step_blocker(model)
     if reason is not None:
         log.debug("the one-token step runs eagerly: %s", reason)
         return None
-    return NativeStep(model, fallback)  # type: ignore[arg-type]  # checked: a DecoderOnly
+    return NativeStep(model)  # type: ignore[arg-type]  # checked: a DecoderOnly
 
 
 def build_plan(model: DecoderOnly, one_row: bool) -> Any:
-    """``torch.classes.aiayn_native.DecodeStep`` for ``model``'s layers at one row a call (``one_row``) or several."""
+    """``torch.classes.aiayn_native.DecodeStep`` for ``model``'s layers at one row of one token a call (``one_row``) or more."""
     stack, layers = model.decoder, _layers(model)
     first: Any = layers[0].self_attn
     dtype = model.embed.weight.dtype
     plan = _Plan()
     plan.ints += [first.n_heads, first.n_kv_heads, first.head_dim, int(layers[0].pre_norm), int(stack.norm is not None),
-                  int(model.positions.kind == "rotary"), len(layers)]
+                  int(model.positions.kind == "rotary"), int(first.qk_norm), len(layers)]
     for layer in layers:
         attention: Any = layer.self_attn
         ffn = layer.ffn
         plan.norm(layer.self_attn_norm)
         plan.norm(layer.ffn_norm)
+        if attention.qk_norm:
+            plan.norm(attention.q_norm)
+            plan.norm(attention.k_norm)
         _linear(plan, attention.w_qkv, one_row, dtype)
         _linear(plan, attention.w_o, one_row, dtype)
         _linear(plan, ffn.w_gate_up if ffn.activation == "swiglu" else ffn.w_1, one_row, dtype)
         _linear(plan, ffn.w_2, one_row, dtype)
-        plan.ints += [ACTIVATIONS[_activation(ffn.activation, dtype)], ATTENTION[_attention(attention, dtype)]]
+        plan.ints += [ACTIVATIONS[_activation(ffn.activation, dtype)], ATTENTION[_attention(attention, dtype)],
+                      ATTENTION["math" if attention.backend == "math" else "sdpa"]]  # several queries: as resolve_backend
     if stack.norm is not None:
         plan.norm(stack.norm)
     return torch.classes.aiayn_native.DecodeStep(plan.tensors, plan.ints, plan.floats)

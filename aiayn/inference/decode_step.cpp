@@ -99,9 +99,9 @@ struct Norm {
 };
 
 struct Layer {
-  Norm attention_norm, ffn_norm;
+  Norm attention_norm, ffn_norm, q_norm, k_norm;  // q_norm, k_norm: each head's RMSNorm with QK norm
   Linear qkv, o, up, down;  // up: w_1, or SwiGLU's w_gate and w_1 fused at load (w_gate_up)
-  int64_t activation = kRelu, attention = kSdpa;
+  int64_t activation = kRelu, attention = kSdpa, attention_many = kSdpa;  // one query's backend; several queries' (no native)
 };
 
 using GemvFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
@@ -124,19 +124,22 @@ const c10::TypedOperatorHandle<GeluFn>& gelu_tanh_op() {
   return op;
 }
 
-// Write the new key (or value) of each row, heads (B, 1, heads * Dh) at `offset` of the fused projection's row, at
-// `column` of the cache buffer (B, heads, max_len, Dh): plain copies, where views and copy_ took 8 operators a layer.
+// Write the new keys (or values) of each row, heads (B, T, heads * Dh) at `offset` of the fused projection's rows, at
+// columns `column` .. `column + T - 1` of the cache buffer (B, heads, max_len, Dh): plain copies, where views and copy_
+// took 8 operators a layer.
 void write_column(const at::Tensor& projected, int64_t offset, at::Tensor& buffer, int64_t column, int64_t head_dim) {
   TORCH_CHECK(buffer.scalar_type() == projected.scalar_type() && buffer.stride(3) == 1 && projected.is_contiguous(),
               "aiayn_native::DecodeStep: a cache buffer of ", buffer.scalar_type(), " with its last dimension contiguous, got ",
               projected.scalar_type(), " projections");
-  const int64_t size = buffer.element_size(), row = projected.size(-1);
+  const int64_t size = buffer.element_size(), row = projected.size(-1), length = projected.size(1);
   const char* from = static_cast<const char*>(projected.const_data_ptr());
   char* to = static_cast<char*>(buffer.mutable_data_ptr());
   for (int64_t b = 0; b < buffer.size(0); ++b) {
-    for (int64_t h = 0; h < buffer.size(1); ++h) {
-      std::memcpy(to + (b * buffer.stride(0) + h * buffer.stride(1) + column * buffer.stride(2)) * size,
-                  from + (b * row + offset + h * head_dim) * size, head_dim * size);
+    for (int64_t t = 0; t < length; ++t) {
+      for (int64_t h = 0; h < buffer.size(1); ++h) {
+        std::memcpy(to + (b * buffer.stride(0) + h * buffer.stride(1) + (column + t) * buffer.stride(2)) * size,
+                    from + ((b * length + t) * row + offset + h * head_dim) * size, head_dim * size);
+      }
     }
   }
 }
@@ -158,16 +161,18 @@ void rotate_heads(const T* from, T* to, int64_t heads, int64_t dim, int64_t to_h
   }
 }
 
-// Heads (B, 1, heads * Dh) at `offset` of the fused projection's row, rotated by row b's angles (cos and sin
-// (B or 1, 1, 1, Dh)), into `to` (B, heads, S, Dh) at `column` (the query: a (B, H, 1, Dh) tensor; a key: the cache).
+// Heads (B, T, heads * Dh) at `offset` of the fused projection's rows, rotated by each position's angles (cos and sin
+// (B or 1, 1, T, Dh)), into `to` (B, heads, S, Dh) at columns `column` .. (the queries: a (B, H, T, Dh) tensor; keys:
+// the cache).
 void rotate_into(const at::Tensor& projected, int64_t offset, at::Tensor& to, int64_t column, int64_t head_dim, const at::Tensor& cos,
                  const at::Tensor& sin) {
-  const int64_t row = projected.size(-1);
-  for (int64_t b = 0; b < to.size(0); ++b) {
-    const int64_t angle_row = cos.size(0) == 1 ? 0 : b;
+  const int64_t row = projected.size(-1), length = projected.size(1);
+  for (int64_t bt = 0; bt < to.size(0) * length; ++bt) {
+    const int64_t b = bt / length, t = bt % length;
+    const int64_t angle_row = (cos.size(0) == 1 ? 0 : b) * length + t;
     const float* c = cos.const_data_ptr<float>() + angle_row * head_dim;
     const float* s = sin.const_data_ptr<float>() + angle_row * head_dim;
-    const int64_t from = b * row + offset, into = b * to.stride(0) + column * to.stride(2);
+    const int64_t from = bt * row + offset, into = b * to.stride(0) + (column + t) * to.stride(2);
     if (to.scalar_type() == at::kFloat) {
       rotate_heads(projected.const_data_ptr<float>() + from, to.mutable_data_ptr<float>() + into, to.size(1), head_dim, to.stride(1), c, s);
     } else {
@@ -229,6 +234,7 @@ class DecodeStep : public torch::CustomClassHolder {
     pre_norm_ = r.integer() != 0;
     has_final_norm_ = r.integer() != 0;
     rotary_ = r.integer() != 0;
+    qk_norm_ = r.integer() != 0;
     const int64_t n_layers = r.integer();
     TORCH_CHECK(n_heads_ > 0 && n_kv_heads_ > 0 && n_heads_ % n_kv_heads_ == 0 && head_dim_ > 0 && n_layers >= 0,
                 "aiayn_native::DecodeStep: heads ", n_heads_, ", key/value heads ", n_kv_heads_, ", head dim ", head_dim_);
@@ -236,22 +242,28 @@ class DecodeStep : public torch::CustomClassHolder {
       Layer layer;
       layer.attention_norm = Norm::read(r);
       layer.ffn_norm = Norm::read(r);
+      if (qk_norm_) {
+        layer.q_norm = Norm::read(r);
+        layer.k_norm = Norm::read(r);
+      }
       layer.qkv = Linear::read(r);
       layer.o = Linear::read(r);
       layer.up = Linear::read(r);
       layer.down = Linear::read(r);
       layer.activation = r.integer();
       layer.attention = r.integer();
+      layer.attention_many = r.integer();
       layers_.push_back(std::move(layer));
     }
     if (has_final_norm_) final_norm_ = Norm::read(r);
     r.done();
   }
 
-  // x (B, 1, D) after the embeddings -> (B, 1, D) after the last layer (and the final norm). cache: each layer's key
-  // and value buffers (B, Hkv, max_len, Dh), layer by layer; columns: each layer's next column (a one-element long
-  // tensor, advanced here); key_mask: None or bool (B, W) with W > the column written, True = may attend; cos and sin:
-  // rotary positions' angles at each row's position (B or 1, 1, 1, Dh), None without them.
+  // x (B, T, D) after the embeddings -> (B, T, D) after the last layer (and the final norm): T new positions per row
+  // (one, decoding; a few, speculative decoding's check). cache: each layer's key and value buffers (B, Hkv, max_len, Dh),
+  // layer by layer; columns: each layer's next column (a one-element long tensor, advanced here); key_mask: None or bool
+  // (B, W) with W >= the columns filled after this call, True = may attend; cos and sin: rotary positions' angles at each
+  // row's positions (B or 1, 1, T, Dh), None without them.
   at::Tensor run(at::Tensor x, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns, std::optional<at::Tensor> key_mask,
                  std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
     const int64_t n = static_cast<int64_t>(layers_.size());
@@ -261,8 +273,8 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   // The same over growing caches (LayerCache: keys and values (B, Hkv, S, Dh) of every position so far): each layer's
-  // new key and value are appended (torch.cat, as LayerCache.update does); returns x and the caches' new tensors, in
-  // the order of `cache`, for the caller to hold. key_mask: None or bool (B, S + 1).
+  // new keys and values are appended (torch.cat, as LayerCache.update does); returns x and the caches' new tensors, in
+  // the order of `cache`, for the caller to hold. key_mask: None or bool (B, S + T).
   std::tuple<at::Tensor, std::vector<at::Tensor>> run_growing(at::Tensor x, std::vector<at::Tensor> cache,
                                                                std::optional<at::Tensor> key_mask, std::optional<at::Tensor> cos,
                                                                std::optional<at::Tensor> sin) {
@@ -277,16 +289,16 @@ class DecodeStep : public torch::CustomClassHolder {
     const int64_t n = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(static_cast<int64_t>(cache.size()) == 2 * n, "aiayn_native::DecodeStep: ", n, " layers take ", 2 * n,
                 " cache tensors, got ", cache.size());
-    TORCH_CHECK(x.dim() == 3 && x.size(1) == 1, "aiayn_native::DecodeStep: x must be (B, 1, D), got ", x.sizes());
-    const int64_t batch = x.size(0), q_width = n_heads_ * head_dim_, kv_width = n_kv_heads_ * head_dim_;
+    TORCH_CHECK(x.dim() == 3 && x.size(1) >= 1, "aiayn_native::DecodeStep: x must be (B, T, D), got ", x.sizes());
+    const int64_t batch = x.size(0), length = x.size(1), q_width = n_heads_ * head_dim_, kv_width = n_kv_heads_ * head_dim_;
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
     TORCH_CHECK(cos.has_value() == rotary_ && sin.has_value() == rotary_, "aiayn_native::DecodeStep: cos and sin go with rotary ",
                 "positions, and only with them");
     if (rotary_) {
       for (const at::Tensor* t : {&*cos, &*sin}) {
         TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 4 && (t->size(0) == 1 || t->size(0) == batch) &&
-                    t->size(1) == 1 && t->size(2) == 1 && t->size(3) == head_dim_, "aiayn_native::DecodeStep: cos and sin must be ",
-                    "contiguous float32 (B or 1, 1, 1, ", head_dim_, "), got ", t->scalar_type(), " ", t->sizes());
+                    t->size(1) == 1 && t->size(2) == length && t->size(3) == head_dim_, "aiayn_native::DecodeStep: cos and sin must be ",
+                    "contiguous float32 (B or 1, 1, ", length, ", ", head_dim_, "), got ", t->scalar_type(), " ", t->sizes());
       }
     }
     for (int64_t i = 0; i < n; ++i) {
@@ -297,35 +309,44 @@ class DecodeStep : public torch::CustomClassHolder {
                   keys.size(3) == head_dim_, "aiayn_native::DecodeStep: layer ", i, "'s cache: keys and values (", batch, ", ",
                   n_kv_heads_, ", S, ", head_dim_, "), got ", keys.sizes(), " and ", values.sizes());
       int64_t* next = nullptr;
-      int64_t column = keys.size(2);  // growing: the new position goes after the cached ones
+      int64_t column = keys.size(2);  // growing: the new positions go after the cached ones
       if (columns != nullptr) {
         at::Tensor& held = (*columns)[i];
         TORCH_CHECK(held.scalar_type() == at::kLong && held.numel() == 1 && held.is_cpu(), "aiayn_native::DecodeStep: layer ", i,
                     "'s column must be a one-element long tensor, got ", held.sizes());
         next = held.mutable_data_ptr<int64_t>();
         column = *next;
-        TORCH_CHECK_VALUE(column < keys.size(2), "static cache holds max_len=", keys.size(2), " positions, asked for ", column + 1);
+        TORCH_CHECK_VALUE(column + length <= keys.size(2), "static cache holds max_len=", keys.size(2), " positions, asked for ",
+                          column + length);
       }
-      const int64_t filled = column + 1;
-      // Self-attention (section 3.2.2): one fused Q/K/V projection, split into heads; the new key and value written at
-      // the next column; the query attends over the columns filled so far.
+      const int64_t filled = column + length;
+      // Self-attention (section 3.2.2): one fused Q/K/V projection, split into heads; the new keys and values written at
+      // the next columns; each query attends over the columns filled up to its own.
       const at::Tensor qkv = linear(pre_norm_ ? layer.attention_norm(x) : x, layer.qkv).contiguous();
-      const int64_t row = qkv.size(-1);
-      // Where the new key and value go: the static buffers at `column`, or one-column tensors appended below.
+      // The queries' and the new keys' heads: in the projection's rows, or RMS-normalised per head first (QK norm)
+      at::Tensor q_in = qkv, k_in = qkv;
+      int64_t k_at = q_width;
+      if (qk_norm_) {
+        q_in = layer.q_norm(qkv.narrow(-1, 0, q_width).view({batch, length, n_heads_, head_dim_})).view({batch, length, q_width});
+        k_in = layer.k_norm(qkv.narrow(-1, q_width, kv_width).view({batch, length, n_kv_heads_, head_dim_})).view({batch, length, kv_width});
+        k_at = 0;
+      }
+      const int64_t row = q_in.size(-1);
+      // Where the new keys and values go: the static buffers at `column`, or tensors of T columns appended below.
       at::Tensor key_into = keys, value_into = values;
       const int64_t into = next != nullptr ? column : 0;
       if (next == nullptr) {
-        key_into = at::empty({batch, n_kv_heads_, 1, head_dim_}, qkv.options());
-        value_into = at::empty({batch, n_kv_heads_, 1, head_dim_}, qkv.options());
+        key_into = at::empty({batch, n_kv_heads_, length, head_dim_}, qkv.options());
+        value_into = at::empty({batch, n_kv_heads_, length, head_dim_}, qkv.options());
       }
       at::Tensor q;
-      if (rotary_) {  // the query and the new key rotated by their position (the value is not)
-        q = at::empty({batch, n_heads_, 1, head_dim_}, qkv.options());
-        rotate_into(qkv, 0, q, 0, head_dim_, *cos, *sin);
-        rotate_into(qkv, q_width, key_into, into, head_dim_, *cos, *sin);
+      if (rotary_) {  // the queries and the new keys rotated by their positions (the values are not)
+        q = at::empty({batch, n_heads_, length, head_dim_}, qkv.options());
+        rotate_into(q_in, 0, q, 0, head_dim_, *cos, *sin);
+        rotate_into(k_in, k_at, key_into, into, head_dim_, *cos, *sin);
       } else {
-        q = qkv.as_strided({batch, n_heads_, 1, head_dim_}, {row, head_dim_, row, 1}, qkv.storage_offset());
-        write_column(qkv, q_width, key_into, into, head_dim_);
+        q = q_in.as_strided({batch, n_heads_, length, head_dim_}, {length * row, head_dim_, row, 1}, q_in.storage_offset());
+        write_column(k_in, k_at, key_into, into, head_dim_);
       }
       write_column(qkv, q_width + kv_width, value_into, into, head_dim_);
       if (next != nullptr) {
@@ -336,9 +357,11 @@ class DecodeStep : public torch::CustomClassHolder {
       }
       std::optional<at::Tensor> mask;
       if (key_mask.has_value()) mask = key_mask->narrow(1, 0, filled).view({batch, 1, 1, filled});
-      const at::Tensor heads = attend(layer.attention, q, filled_part(keys, filled), filled_part(values, filled), mask, scale);
-      // (B, H, 1, Dh) -> (B, 1, H * Dh): a contiguous result is already in that order (one view)
-      const at::Tensor merged = heads.is_contiguous() ? heads.view({batch, 1, q_width}) : heads.transpose(1, 2).reshape({batch, 1, q_width});
+      const at::Tensor heads = attend(length == 1 ? layer.attention : layer.attention_many, q, filled_part(keys, filled),
+                                      filled_part(values, filled), mask, scale);
+      // (B, H, T, Dh) -> (B, T, H * Dh): one view where the result is already in that order (one query, contiguous)
+      const at::Tensor merged = length == 1 && heads.is_contiguous() ? heads.view({batch, 1, q_width})
+                                                                      : heads.transpose(1, 2).reshape({batch, length, q_width});
       x = x + linear(merged, layer.o);  // residual connection
       if (!pre_norm_) x = layer.attention_norm(x);
       // Position-wise feed-forward (section 3.3).
@@ -353,17 +376,25 @@ class DecodeStep : public torch::CustomClassHolder {
     return buffer.as_strided({buffer.size(0), buffer.size(1), filled, buffer.size(3)}, buffer.strides(), buffer.storage_offset());
   }
 
-  at::Tensor attend(int64_t kind, const at::Tensor& q, at::Tensor k, at::Tensor v, const std::optional<at::Tensor>& mask,
-                    double scale) const {
+  // T queries (B, H, T, Dh) over the S filled keys, the last T of them the queries' own positions: causal, aligned to the
+  // lower right, and the padding mask (B, 1, 1, S) if any; through the backend `kind` (one query: the one timed at load).
+  at::Tensor attend(int64_t kind, const at::Tensor& q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> mask, double scale) const {
+    const int64_t length = q.size(2), keys = k.size(2);
     if (kind == kNative) return attend_one_op().call(q, k, v, mask, scale);
     if (n_kv_heads_ != n_heads_) {  // grouped-query attention: each key/value head serves a group of query heads
       k = k.repeat_interleave(n_heads_ / n_kv_heads_, 1);
       v = v.repeat_interleave(n_heads_ / n_kv_heads_, 1);
     }
+    if (length > 1) {  // query t sees keys up to its own position, keys - length + t
+      const at::Tensor future = at::ones({length, keys}, q.options().dtype(at::kBool)).tril(keys - length);
+      mask = mask.has_value() ? at::logical_and(*mask, future) : future;
+    }
     if (kind == kSdpa) return at::scaled_dot_product_attention(q, k, v, mask);
-    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;  // the formula, as the "math" backend writes it
+    // the formula, as the "math" backend writes it: the softmax in fp32 for half precision
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
     if (mask.has_value()) scores = scores.masked_fill(mask->logical_not(), -std::numeric_limits<double>::infinity());
-    return at::matmul(at::softmax(scores, -1), v);
+    const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+    return at::matmul(at::softmax(scores, -1, half ? std::optional<at::ScalarType>(at::kFloat) : std::nullopt).to(q.scalar_type()), v);
   }
 
   at::Tensor feed_forward(const Layer& layer, const at::Tensor& x) const {
@@ -386,7 +417,7 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   int64_t n_heads_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
-  bool pre_norm_ = false, has_final_norm_ = false, rotary_ = false;
+  bool pre_norm_ = false, has_final_norm_ = false, rotary_ = false, qk_norm_ = false;
   std::vector<Layer> layers_;
   Norm final_norm_;
 };

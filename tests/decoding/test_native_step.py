@@ -33,9 +33,11 @@ def _kernels(model, one, many="packed", int8="native"):
 
 
 def _teacher_forced(decoder, ids, mask):
-    """Logits after the prefill, then after feeding each row of FEED; and the decoder's step function."""
-    state, logits = decoder.start(ids, mask, max_new_tokens=len(FEED) + 1)
-    return torch.stack([logits] + [decoder.step(token[: ids.shape[0]], state) for token in FEED])
+    """Logits ``(B, 8, V)``: after the prefill, after feeding each row of FEED one step at a time, then of three tokens
+    fed at once (``extend``, speculative decoding's check)."""
+    state, logits = decoder.start(ids, mask, max_new_tokens=len(FEED) + 3)
+    steps = torch.stack([logits] + [decoder.step(token[: ids.shape[0]], state) for token in FEED], dim=1)
+    return torch.cat([steps, decoder.extend(FEED[:3, : ids.shape[0]].T, state)], dim=1)
 
 
 def _assert_same_logits(model, tolerance=0.0, *, every_batch_kind=True):
@@ -70,6 +72,8 @@ def test_gpt2_like_layers_give_the_eager_logits(native_gemv, monkeypatch, dtype,
     ({"activation": "gelu", "n_kv_heads": 1, "bias": False, "positions": "rotary"}, "sdpa"),  # multi-query, no biases
     ({"activation": "silu", "positions": "none"}, "native"),
     ({"activation": "relu2", "n_kv_heads": 2}, "native"),
+    ({"activation": "relu2", "norm": "rmsnorm", "qk_norm": True, "positions": "rotary", "n_kv_heads": 2}, "native"),  # speedrun-like
+    ({"qk_norm": True, "positions": "learned"}, "sdpa"),
 ])
 def test_other_layer_kinds_give_the_eager_logits(native_gemv, monkeypatch, overrides, backend):
     model = _loaded(**overrides)
@@ -98,7 +102,6 @@ def test_greedy_generation_gives_the_eager_tokens(native_gemv):
     ({"attention": "local", "window": 4}, "layer 0: local attention"),
     ({"attention": "linear"}, "layer 0: linear attention"),
     ({"mixer": "ssm"}, "layer 0: a state-space mixer"),
-    ({"qk_norm": True}, "layer 0: QK norm"),
 ])
 def test_other_models_keep_the_eager_step(native_gemv, overrides, reason):
     model = _loaded(**overrides)
@@ -153,7 +156,7 @@ def test_int8_dynamic_layers_keep_the_eager_step(native_gemv):
     ids, mask = left_pad(random_rows([4]))
     got = _teacher_forced(decoder, ids, mask)
     torch.testing.assert_close(got, _teacher_forced(CausalLMDecoder(model, static_cache=True, native=False), ids, mask), rtol=0, atol=0)
-    assert decoder._step._plans == {True: None}
+    assert decoder._step._plans == {True: None, False: None}
 
 
 @pytest.mark.parametrize("static", [True, False])
