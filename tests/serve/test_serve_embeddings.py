@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import served_model, start_server, stop_server
+from servers import served_model, start_server, stop_server
 
 import aiayn
 from aiayn.inference.embed import embed_texts, embedding_pooling

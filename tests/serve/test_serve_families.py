@@ -10,8 +10,8 @@ import dataclasses
 
 import httpx
 import pytest
-from conftest import TEXTS, served_model
 from serve_helpers import sse_events
+from servers import TEXTS, served_model
 
 from aiayn.api import LoadedModel
 from aiayn.serve.loading import ServedModel

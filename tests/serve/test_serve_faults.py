@@ -7,8 +7,8 @@ import concurrent.futures
 
 import httpx
 import pytest
-from conftest import served_model
 from serve_helpers import fail_at_position, reference_completion, slow_down, sse_events
+from servers import served_model
 
 PROMPTS = ["a cat", "the dog", "hello world."]
 

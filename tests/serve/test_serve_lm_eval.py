@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TEXTS
+from servers import TEXTS
 
 from aiayn.evaluation.metrics import evaluate_lm
 

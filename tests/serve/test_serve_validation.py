@@ -9,8 +9,8 @@ import time
 
 import httpx
 import pytest
-from conftest import served_model
 from serve_helpers import reference_completion, slow_down, sse_events
+from servers import served_model
 
 GOOD = {"prompt": "a cat", "max_tokens": 3, "seed": 0}
 
