@@ -21,6 +21,7 @@ warning and none of them is a candidate.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -143,11 +145,12 @@ def _load() -> str | None:
     texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
     digest = hashlib.sha256("\n".join([*texts, torch.__version__, cpu_key(), compiler, *flags]).encode()).hexdigest()[:16]
     library = user_cache_dir() / "native" / f"gemv-{digest}.so"
-    if not library.exists():
-        try:
-            _build(compiler, flags, library)
-        except (OSError, subprocess.SubprocessError) as err:
-            return _unavailable(f"building {', '.join(path.name for path in SOURCES)} with {compiler} failed: {_last_lines(err)}")
+    try:
+        with _one_builder(library):  # processes started together (torchrun's ranks, test workers) build it once
+            if not library.exists():
+                _build(compiler, flags, library)
+    except (OSError, subprocess.SubprocessError) as err:
+        return _unavailable(f"building {', '.join(path.name for path in SOURCES)} with {compiler} failed: {_last_lines(err)}")
     try:
         torch.ops.load_library(str(library))
     except (OSError, RuntimeError) as err:
@@ -181,6 +184,21 @@ def _flags() -> list[str]:
     return ["-O3", *arch, "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *(f"-I{p}" for p in include_paths()), *(f"-L{p}" for p in library_paths()),
             *(f"-Wl,-rpath,{p}" for p in library_paths())]
+
+
+@contextlib.contextmanager
+def _one_builder(library: Path) -> Iterator[None]:
+    """Hold an exclusive lock beside ``library`` (``fcntl.flock``, released if the process dies): a process that
+    finds another building waits for it, then loads what it built."""
+    import fcntl  # here: Linux only, as the build (checked before)
+
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with open(library.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _build(compiler: str, flags: list[str], library: Path) -> None:

@@ -5,6 +5,9 @@ naming what works; a failed build leaves nothing behind and says why."""
 
 import copy
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -147,4 +150,20 @@ def test_a_failed_build_says_why_and_leaves_no_file(tmp_path, monkeypatch, caplo
         reason = gemv._load.__wrapped__()  # the uncached build: the process's own loaded kernel is untouched
     assert reason is not None and reason.startswith("building gemv.cpp, attend_one.cpp, gelu_tanh.cpp, decode_step.cpp with false failed")
     assert "not used here: building gemv.cpp, attend_one.cpp, gelu_tanh.cpp, decode_step.cpp with false failed" in caplog.text
-    assert not list((tmp_path / "aiayn" / "native").iterdir())  # no half-written library
+    assert [p.suffix for p in (tmp_path / "aiayn" / "native").iterdir()] == [".lock"]  # the builders' lock, no half-written library
+
+
+def test_processes_started_together_build_the_library_once(tmp_path):
+    """Two processes finding no library (torchrun's ranks, test workers): one builds, the other waits for it and loads
+    what it built. A fake compiler counts the links and writes an empty file (which then does not load)."""
+    count = tmp_path / "links"
+    compiler = tmp_path / "fake-c++"
+    compiler.write_text('#!/bin/sh\nout=""; prev=""\nfor a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done\n'
+                        '[ "$1" = "-c" ] || echo link >> "$LINKS"\nsleep 1\n: > "$out"\n')
+    compiler.chmod(0o755)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "CXX": str(compiler), "LINKS": str(count)}
+    code = "from aiayn.inference import gemv; print(gemv.unavailable_reason())"
+    runs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    reasons = [run.communicate(timeout=120)[0] for run in runs]
+    assert count.read_text().splitlines() == ["link"]
+    assert all(reason.startswith("loading ") for reason in reasons), reasons
