@@ -73,9 +73,6 @@ def native_step_blocker(model: nn.Module) -> str | None:
     """What keeps ``model`` from the C++ step (a phrase), or ``None`` when it applies (for any batch size)."""
     if not isinstance(model, DecoderOnly):
         return f"a {type(model).__name__} (decoder-only models only)"
-    reason = gemv.unavailable_reason()
-    if reason is not None:
-        return f"no native library here ({reason})"
     if model.training:
         return "a model in training mode"
     if model.embed.weight.device.type != "cpu":
@@ -91,7 +88,8 @@ def native_step_blocker(model: nn.Module) -> str | None:
         reason = _layer_blocker(layer)
         if reason is not None:
             return f"layer {index}: {reason}"
-    return None
+    reason = gemv.unavailable_reason()  # last: it builds the library on a machine's first call (a model that cannot take it need not)
+    return None if reason is None else f"no native library here ({reason})"
 
 
 def _layers(model: DecoderOnly) -> list[TransformerLayer]:
