@@ -26,15 +26,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from aiayn.inference import gemv, kernel_choice
+from aiayn.inference import gemv
 from aiayn.inference.int4 import Int4Linear
 from aiayn.inference.precision import PackedLinear
-from aiayn.inference.quantization import _KERNEL_K_MULTIPLE, Int8Linear
+from aiayn.inference.quantization import _KERNEL_K_MULTIPLE, Int8Linear, compute_dtype
 from aiayn.models.common import check_token_ids
 from aiayn.models.decoder_only import DecoderOnly
-from aiayn.nn.attention import ONE_QUERY
+from aiayn.nn.attention import _native_fits, resolve_backend
 from aiayn.nn.blocks import TransformerLayer
 from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
+from aiayn.nn.feedforward import native_gelu_tanh
 from aiayn.nn.positional import RotaryPositions
 
 __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_step", "native_step_blocker"]
@@ -42,7 +43,7 @@ __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_ste
 log = logging.getLogger(__name__)
 
 # The numbers decode_step.cpp reads (its enums of the same names).
-LINEAR_KINDS = {"absent": 0, "plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int8": 5}
+LINEAR_KINDS = {"plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int8": 5}
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_tanh-native": 3, "silu": 4, "swiglu": 5, "relu2": 6}
 ATTENTION = {"native": 0, "sdpa": 1, "math": 2}
@@ -63,8 +64,7 @@ class _Plan:
         self.floats.append(float(eps))
         self.tensors += [norm.weight, getattr(norm, "bias", None)]
 
-    def linear(self, kind: str, param: int = 0, out: int = 0, weight: Tensor | None = None, scale: Tensor | None = None,
-               bias: Tensor | None = None) -> None:
+    def linear(self, kind: str, param: int, out: int, weight: Tensor, scale: Tensor | None, bias: Tensor | None) -> None:
         self.ints += [LINEAR_KINDS[kind], param, out]
         self.tensors += [weight, scale, bias]
 
@@ -198,8 +198,8 @@ def build_plan(model: DecoderOnly, one_row: bool) -> Any:
         _linear(plan, attention.w_o, one_row, dtype)
         _linear(plan, ffn.w_gate_up if ffn.activation == "swiglu" else ffn.w_1, one_row, dtype)
         _linear(plan, ffn.w_2, one_row, dtype)
-        plan.ints += [ACTIVATIONS[_activation(ffn.activation, dtype)], ATTENTION[_attention(attention, dtype)],
-                      ATTENTION["math" if attention.backend == "math" else "sdpa"]]  # several queries: as resolve_backend
+        plan.ints += [ACTIVATIONS[_activation(ffn.activation, dtype)], ATTENTION[_attention(attention, dtype, 1)],
+                      ATTENTION[_attention(attention, dtype, 2)]]  # one query a row; several
     if stack.norm is not None:
         plan.norm(stack.norm)
     return torch.classes.aiayn_native.DecodeStep(plan.tensors, plan.ints, plan.floats)
@@ -207,25 +207,23 @@ def build_plan(model: DecoderOnly, one_row: bool) -> Any:
 
 def _activation(name: str, dtype: torch.dtype) -> str:
     """The activation as the eager FFN computes it (GPT-2's GELU: the kernel timed faster here)."""
-    if name == "gelu_tanh" and dtype in gemv.DTYPES and kernel_choice.choose_gelu_tanh(dtype) == "native":
-        return "gelu_tanh-native"
-    return name
+    return "gelu_tanh-native" if name == "gelu_tanh" and native_gelu_tanh(dtype, torch.device("cpu")) else name
 
 
-def _attention(attention: Any, dtype: torch.dtype) -> str:
-    """The backend of one query, as :func:`aiayn.nn.attention.resolve_backend` picks it eagerly."""
-    backend: str = attention.backend
-    if backend == "auto":
-        backend = ONE_QUERY.get((dtype, attention.n_heads, attention.head_dim), "sdpa")
-    return "sdpa" if backend == "native" and dtype not in gemv.DTYPES else backend
+def _attention(attention: Any, dtype: torch.dtype, queries: int) -> str:
+    """The backend of ``queries`` queries a row, asked of the library's own rules with stand-in tensors of the layer's
+    shapes: :func:`~aiayn.nn.attention.resolve_backend`, and where that says ``native``, whether our kernel takes them
+    (else torch's, as :func:`~aiayn.nn.attention.scaled_dot_product_attention` falls back)."""
+    q = torch.empty(1, attention.n_heads, queries, attention.head_dim, dtype=dtype)
+    k = torch.empty(1, attention.n_kv_heads, queries, attention.head_dim, dtype=dtype)
+    backend = resolve_backend(attention.backend, q, queries)
+    return "sdpa" if backend == "native" and not _native_fits(q, k, k, None, None, 0.0) else backend
 
 
 def _linear(plan: _Plan, module: Any, one_row: bool, dtype: torch.dtype) -> None:
     """Write how ``module`` computes a call of one row (``one_row``) or several, as its ``forward`` does.
 
     Raises ``ValueError`` for a layer kind the C++ step does not know (the decoder then keeps the eager step)."""
-    if module is None:
-        return plan.linear("absent")
     out = module.out_features
     if type(module) is PackedLinear:  # exact types: a subclass may compute otherwise (int8-dynamic's does)
         kernel = module.one if one_row else module.many
@@ -242,12 +240,10 @@ def _linear(plan: _Plan, module: Any, one_row: bool, dtype: torch.dtype) -> None
         if one_row and module.one in gemv.KERNELS and dtype in gemv.DTYPES:
             return plan.linear("gemv", gemv.KERNELS[module.one], out, module.weight, module.scale, module.bias)
         if module.in_features % _KERNEL_K_MULTIPLE == 0:
-            compute = dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-            module.repack(compute)
+            module.repack(compute_dtype(dtype))
             return plan.linear("int8", 0, out, module.weight, module.kernel_scale, module.bias)
     elif type(module) is Int4Linear:
-        compute = dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        module.repack(compute)
+        module.repack(compute_dtype(dtype))
         return plan.linear("int4", module.group_size, out, module.packed, module.scale_zeros, module.bias)
     elif type(module) is nn.Linear:
         return plan.linear("plain", 0, out, module.weight, None, module.bias)

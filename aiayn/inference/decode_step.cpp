@@ -29,7 +29,7 @@ namespace {
 using Tensors = std::vector<std::optional<at::Tensor>>;
 
 // How one Linear layer computes one row (aiayn/decoding/native_step.py: LINEAR_KINDS).
-enum LinearKind : int64_t { kAbsent = 0, kPlain = 1, kGemv = 2, kPacked = 3, kInt4 = 4, kInt8 = 5 };
+enum LinearKind : int64_t { kPlain = 1, kGemv = 2, kPacked = 3, kInt4 = 4, kInt8 = 5 };
 enum NormKind : int64_t { kLayerNorm = 0, kRMSNorm = 1 };
 enum Activation : int64_t { kRelu = 0, kGelu = 1, kGeluTanh = 2, kGeluTanhNative = 3, kSilu = 4, kSwiGLU = 5, kRelu2 = 6 };
 enum Attention : int64_t { kNative = 0, kSdpa = 1, kMath = 2 };
@@ -59,7 +59,7 @@ struct Reader {
 };
 
 struct Linear {
-  int64_t kind = kAbsent, param = 0, out = 0;  // param: the prefetch distance (gemv) or the group size (int4)
+  int64_t kind = 0, param = 0, out = 0;  // kind: a LinearKind, 0 before read  // param: the prefetch distance (gemv) or the group size (int4)
   at::Tensor weight;
   std::optional<at::Tensor> scale, bias;  // scale: int8's per row, int4's scales and zeros
 
@@ -72,7 +72,7 @@ struct Linear {
     if (w.has_value()) l.weight = *w;
     l.scale = r.tensor();
     l.bias = r.tensor();
-    TORCH_CHECK(l.kind == kAbsent || l.weight.defined(), "aiayn_native::DecodeStep: a Linear layer without its weight");
+    TORCH_CHECK(l.weight.defined(), "aiayn_native::DecodeStep: a Linear layer without its weight");
     return l;
   }
 };

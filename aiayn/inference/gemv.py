@@ -204,8 +204,7 @@ def _one_builder(library: Path) -> Iterator[None]:
 def _build(compiler: str, flags: list[str], library: Path) -> None:
     """Compile :data:`SOURCES` into ``library``, atomically (a build that fails or is killed leaves nothing behind):
     each source into an object file at once, one per core (7-10 s each here, against 38 s for all in one call), then
-    one link."""
-    library.parent.mkdir(parents=True, exist_ok=True)
+    one link. Called under :func:`_one_builder`, which made the folder."""
     tmp = temporary_sibling(library)
     log.info("building aiayn's matrix-vector kernel for this CPU (%s), once, into %s", cpu_key(), library)
     start = time.perf_counter()

@@ -50,6 +50,12 @@ def avx512_graphs() -> bool:
 torch.library.define("aiayn::weight_int8_mm", "(Tensor x, Tensor weight, Tensor scale) -> Tensor")
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The activations' dtype of torch's weight-only int8 and int4 kernels for inputs of ``dtype``: half precision as it
+    is, anything else in bf16 (their fp32 paths are slow or absent)."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
 def _weight_int8_mm(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """torch's CPU kernel ``_weight_int8pack_mm`` behind an opaque op: ``torch.compile`` calls it as it
     is (and Inductor's own lowering failed in torch 2.13 on a CPU without AMX, with
@@ -188,7 +194,7 @@ class Int8Linear(nn.Module):
         (one op, no cast of the bias)."""
         if self.one in gemv.KERNELS and x.numel() == self.in_features and x.dtype in gemv.DTYPES and gemv.may_run():
             return gemv.gemv_int8(x, self.weight, self.scale, self.bias, gemv.KERNELS[self.one])
-        compute = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        compute = compute_dtype(x.dtype)
         flat = x.reshape(-1, self.in_features).to(compute)  # (M, K): the kernel takes 2-D inputs
         if not torch.compiler.is_compiling() and self._key(compute) != self._kernel_key:
             self.repack(compute)

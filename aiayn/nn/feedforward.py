@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from aiayn.inference import gemv, kernel_choice
 
-__all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "gelu_tanh"]
+__all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "gelu_tanh", "native_gelu_tanh"]
 
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "relu2")
 
@@ -63,12 +63,17 @@ def gelu_tanh(x: Tensor) -> Tensor:
     """``F.gelu(x, approximate="tanh")``, GPT-2's GELU, through our kernel (:func:`aiayn.inference.gemv.gelu_tanh`) on the
     CPU where it was timed faster for ``x``'s dtype on this machine (:func:`aiayn.inference.kernel_choice.choose_gelu_tanh`;
     torch's took 4.4x its exact GELU's time on an AMX Xeon), else torch's; torch's in a graph being compiled."""
-    if (x.device.type != "cpu" or x.dtype not in gemv.DTYPES or torch.compiler.is_compiling()
-            or kernel_choice.choose_gelu_tanh(x.dtype) != "native"):
+    if torch.compiler.is_compiling() or not native_gelu_tanh(x.dtype, x.device):
         return F.gelu(x, approximate="tanh")
     if not (x.requires_grad and torch.is_grad_enabled()):
         return gemv.gelu_tanh(x)  # no gradient to keep: the kernel alone (autograd's Function costs more than it at one row)
     return _GeluTanh.apply(x)
+
+
+def native_gelu_tanh(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`gelu_tanh` takes our kernel for eager inputs of ``dtype`` on ``device`` (the C++ decoding step asks
+    the same: aiayn.decoding.native_step)."""
+    return device.type == "cpu" and dtype in gemv.DTYPES and kernel_choice.choose_gelu_tanh(dtype) == "native"
 
 
 class _GeluTanh(torch.autograd.Function):
