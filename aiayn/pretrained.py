@@ -36,7 +36,9 @@ from aiayn.checkpoint.weights import (
 )
 from aiayn.config_io import from_dict, read_yaml
 from aiayn.inference.fusion import fuse_projections
-from aiayn.inference.kernel_choice import choose_model_attention
+from aiayn.inference.huge_pages import place_on_huge_pages
+from aiayn.inference.huge_pages import unavailable_reason as huge_pages_reason
+from aiayn.inference.kernel_choice import choose_huge_pages, choose_model_attention
 from aiayn.inference.precision import cast_model, native_bf16, pack_linears, parse_dtype
 from aiayn.inference.quantization import QUANTIZATIONS, parse_quantize, quantization_record
 from aiayn.inference.quantization import quantize as quantize_model
@@ -330,11 +332,18 @@ def prepare_for_inference(
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
     pack: bool = True,
+    huge_pages: bool | None = None,
 ) -> nn.Module:
-    """Quantise (from the fp32 weights), fuse the projections that share an input, cast once, move, set eval mode
-    and (``pack``) pack the Linear weights for oneDNN: the precision step of every loader."""
+    """Quantise (from the fp32 weights), fuse the projections that share an input, cast once, move, set eval mode,
+    put the weights on transparent huge pages (``huge_pages``: ``None`` where timed faster on this machine,
+    :func:`~aiayn.inference.kernel_choice.choose_huge_pages`; the CPU only) and (``pack``) pack the Linear weights for
+    oneDNN: the precision step of every loader."""
     torch_dtype, quantize = parse_dtype(dtype), parse_quantize(quantize)
     _check_pack(pack)
+    if huge_pages not in (None, True, False):
+        raise TypeError(f"huge_pages must be None (timed on this machine), True or False, got {huge_pages!r}")
+    if huge_pages and huge_pages_reason() is not None:
+        raise ValueError(f"huge_pages=True: {huge_pages_reason()}; use huge_pages=None (decided here) or False")
     if quantize is not None:
         quantize_model(model, quantize)  # from the fp32 weights, before any cast; checks the kernel
     fuse_projections(model)  # Q/K/V (and SwiGLU's gate/up) as one layer each; the same checkpoint keys
@@ -345,6 +354,8 @@ def prepare_for_inference(
                         "may be many times slower than float32 here for several rows at once (prompts, batches, evaluation); "
                         "one-row decoding can be faster (docs/benchmarks.md)", torch.device(device).type)
         cast_model(model, torch_dtype)  # once: no step re-casts a weight
+    if torch.device(device).type == "cpu" and (choose_huge_pages() if huge_pages is None else huge_pages):
+        place_on_huge_pages(model)  # before packing: oneDNN's packed copies are its own memory
     if pack:
         pack_linears(model)  # on the CPU: weights also in oneDNN's layout, once
     choose_model_attention(model)  # on the CPU: the faster backend of one-query attention here, timed once

@@ -7,7 +7,9 @@ same over the dynamic (growing) cache (``ours-fp32-dynamic``), with bf16 weights
 with int8 or int4 weight-only Linear layers (``ours-int8``, ``ours-int4``), with int8 weights and activations
 (``ours-int8dyn``: ``quantize="int8-dynamic"``, llama.cpp's Q8_0 scheme in kind), compiled (``ours-*-compiled``), with the
 one-token step through the model's Python modules rather than the C++ step the default load takes where the model allows
-it (``ours-*-eager``: ``CausalLMDecoder(native=False)``, :mod:`aiayn.decoding.native_step`), without a
+it (``ours-*-eager``: ``CausalLMDecoder(native=False)``, :mod:`aiayn.decoding.native_step`), with the weights left on
+4 KiB pages where the default load puts them on transparent huge pages (``ours-*-small-pages``: ``huge_pages=False``,
+:mod:`aiayn.inference.huge_pages`; the same kernels), without a
 cache (``ours-fp32-uncached``), with plain ``nn.Linear`` layers instead of the oneDNN-packed ones
 ``load_pretrained`` gives (``ours-fp32-unpacked``: MKL's sgemm, as Hugging Face runs); Hugging Face ``GPT2LMHeadModel.generate`` in fp32 (``hf-fp32``) and
 with bf16 weights (``hf-bf16``). Weights are random (no download), built as ``GPT2LMHeadModel`` and
@@ -57,6 +59,7 @@ from torch import Tensor, nn
 from aiayn.cpu import cpu_summary
 from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
+from aiayn.decoding.sampling import argmax_last
 from aiayn.inference import Int8Linear, PackedLinear, gemv
 from aiayn.inference.precision import can_pack, native_bf16
 from aiayn.interop.hf import load_hf
@@ -86,6 +89,7 @@ VARIANTS = (
     "ours-fp32", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-fp32-compiled", "ours-bf16-compiled",
     "ours-int8-compiled", "ours-int8dyn", "ours-int8dyn-compiled", "ours-int4", "ours-int4-compiled", "ours-fp32-uncached", "ours-fp32-unpacked", "hf-fp32", "hf-bf16",
     "ours-fp32-eager", "ours-bf16-eager", "ours-int8-eager", "ours-int4-eager",
+    "ours-fp32-small-pages", "ours-bf16-small-pages", "ours-int8-small-pages", "ours-int4-small-pages",
 )
 DEFAULT_VARIANTS = (
     "ours-fp32", "ours-fp32-unpacked", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-int4", "ours-fp32-compiled", "ours-fp32-uncached",
@@ -158,6 +162,7 @@ def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
 # --------------------------------------------------------------------------- runners
 
 
+SMALL_PAGES = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}, "int4": {"quantize": "int4"}}  # -small-pages variants' load
 Runner = tuple[Callable[[Tensor], Tensor], nn.Module, CausalLMDecoder | None]
 
 
@@ -174,6 +179,8 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
     for key, method in (("int8", "int8"), ("int8dyn", "int8-dynamic"), ("int4", "int4")):
         if any(n.startswith("ours-") and n.split("-")[1] == key for n in names):
             models[key] = prepare_for_inference(copy.deepcopy(ours), quantize=method)
+    for name in (n for n in names if n.startswith("ours-") and n.endswith("-small-pages")):  # weights left on 4 KiB pages
+        models[name] = prepare_for_inference(copy.deepcopy(ours), **SMALL_PAGES[name.split("-")[1]], huge_pages=False)
     if any(n.endswith("-unpacked") for n in names):  # MKL's sgemm through F.linear, as a plain nn.Linear runs
         models["unpacked"] = prepare_for_inference(copy.deepcopy(ours), pack=False)
     models["fp32"] = prepare_for_inference(ours)
@@ -196,7 +203,7 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
             model = peer if name == "hf-fp32" else peer_bf16
             runners[name] = (hf_with(model), model, None)  # type: ignore[arg-type]
             continue
-        model = models["unpacked" if name.endswith("-unpacked") else name.split("-")[1]]
+        model = models["unpacked" if name.endswith("-unpacked") else name if name.endswith("-small-pages") else name.split("-")[1]]
         if name.endswith("-dynamic"):
             decoder = CausalLMDecoder(model)
         elif name.endswith("-uncached"):
@@ -292,20 +299,20 @@ WEIGHT_KERNELS = frozenset({"aten::addmm", "aten::mm", "aten::bmm", "aten::baddb
 def outside_the_weights(decoder: CausalLMDecoder, ids: Tensor, steps: int) -> float:
     """The share of a decode step's wall time spent outside :data:`WEIGHT_KERNELS`: ``1 - median(kernel time) /
     median(step time)`` over ``steps`` steps timed without the profiler and, alternating with them (so that both
-    see the same load), ``steps`` steps profiled one by one for the kernels' self time; after two warm-up steps."""
+    see the same load), ``steps`` steps profiled one by one for the kernels' self time; after two warm-up steps. Each picks its token as greedy decoding does (:func:`~aiayn.decoding.sampling.argmax_last`)."""
     from torch.profiler import ProfilerActivity, profile
 
     state, logits = decoder.start(ids, max_new_tokens=2 * steps + 2)
-    tokens = logits.argmax(-1)
+    tokens = argmax_last(logits)
     for _ in range(2):
-        tokens = decoder.step(tokens, state).argmax(-1)
+        tokens = argmax_last(decoder.step(tokens, state))
     walls, kernels = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        tokens = decoder.step(tokens, state).argmax(-1)
+        tokens = argmax_last(decoder.step(tokens, state))
         walls.append(time.perf_counter() - start)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            tokens = decoder.step(tokens, state).argmax(-1)
+            tokens = argmax_last(decoder.step(tokens, state))
         kernels.append(sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in WEIGHT_KERNELS) / 1e6)  # us -> s
     return 1 - statistics.median(kernels) / statistics.median(walls)
 

@@ -240,10 +240,10 @@ def _linear(plan: _Plan, module: Any, one_row: bool, dtype: torch.dtype) -> None
         if one_row and module.one in gemv.KERNELS and dtype in gemv.DTYPES:
             return plan.linear("gemv", gemv.KERNELS[module.one], out, module.weight, module.scale, module.bias)
         if module.in_features % _KERNEL_K_MULTIPLE == 0:
-            module.repack(compute_dtype(dtype))
+            module.ready(compute_dtype(dtype))
             return plan.linear("int8", 0, out, module.weight, module.kernel_scale, module.bias)
     elif type(module) is Int4Linear:
-        module.repack(compute_dtype(dtype))
+        module.ready(compute_dtype(dtype))
         return plan.linear("int4", module.group_size, out, module.packed, module.scale_zeros, module.bias)
     elif type(module) is nn.Linear:
         return plan.linear("plain", 0, out, module.weight, None, module.bias)

@@ -90,6 +90,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", torch.zeros(0, dtype=torch.uint8, device=device), persistent=False)
         self.register_buffer("scale_zeros", torch.zeros(0, device=device), persistent=False)
         self._packed_key: tuple = ()
+        self._packed_from: Tensor | None = None  # the codes the layout was derived from (see _key)
         self._in_graph = False  # whether a compiled graph calls the kernel directly (set by repack)
         self.register_load_state_dict_post_hook(lambda module, keys: module.repack())
 
@@ -122,7 +123,9 @@ class Int4Linear(nn.Module):
         return ((codes - 8) * self.scales[..., None] + self.zeros[..., None]).reshape(self.out_features, self.in_features)
 
     def _key(self, dtype: torch.dtype) -> tuple:
-        return (dtype, self.weight.data_ptr(), self.weight._version, self.scales._version, self.zeros._version)
+        """What the kernel's layout was derived from: the dtype, the codes' buffer (the object, held in ``_packed_from``,
+        so that its id is not reused: its memory may move, as to huge pages) and the versions of the buffers."""
+        return (dtype, id(self.weight), self.weight._version, self.scales._version, self.zeros._version)
 
     @torch.no_grad()
     def repack(self, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -133,15 +136,21 @@ class Int4Linear(nn.Module):
         scale_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, pad))  # (N', G, 2)
         self.scale_zeros = scale_zeros.transpose(0, 1).contiguous().to(dtype)
         self._packed_key = self._key(dtype)
+        self._packed_from = self.weight
         self._in_graph = avx512_graphs()  # read here, eagerly: Dynamo cannot trace Inductor's ISA check
+
+    def ready(self, dtype: torch.dtype) -> None:
+        """Repack for ``dtype`` unless the kernel's layout is already derived from the buffers as they are."""
+        if self._key(dtype) != self._packed_key:
+            self.repack(dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (the
         kernel's fp32 path is a scalar loop: 28.9 ms against 0.105 ms for one row through 768 -> 3072 here)."""
         compute = compute_dtype(x.dtype)
         flat = x.reshape(-1, self.in_features).to(compute)
-        if not torch.compiler.is_compiling() and self._key(compute) != self._packed_key:
-            self.repack(compute)
+        if not torch.compiler.is_compiling():
+            self.ready(compute)
         scale_zeros = self.scale_zeros if self.scale_zeros.dtype == compute else self.scale_zeros.to(compute)
         if torch.compiler.is_compiling() and not self._in_graph:
             out = weight_int4_mm(flat, self.packed, self.group_size, scale_zeros)

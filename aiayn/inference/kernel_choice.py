@@ -24,6 +24,10 @@ faster. ``AIAYN_ATTENTION_KERNEL`` overrides: ``measure`` (the default), ``sdpa`
 GPT-2's activation, GELU with tanh's approximation, asks it of torch's kernel and ours (:func:`choose_gelu_tanh`): torch's
 took 4.4x its exact GELU's time on an AMX Xeon. ``AIAYN_ACTIVATION_KERNEL`` overrides: ``measure``, ``torch`` or ``native``.
 
+Where the weights lie asks it too (:func:`choose_huge_pages`): on transparent huge pages one token's weight reads
+ran 1.07-1.6x faster on an AMX Xeon (:mod:`aiayn.inference.huge_pages`); the kernels are then timed on huge pages
+as well. ``AIAYN_HUGE_PAGES`` overrides: ``measure``, ``on`` or ``off``.
+
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack; in
 training, oneDNN), ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several;
 in training, ``F.linear``); weight-only int8 layers take torch's kernel under each of them (:func:`choose_int8_kernels`).
@@ -50,11 +54,15 @@ from aiayn.inference.gemv import DTYPES as GEMV_DTYPES
 from aiayn.inference.gemv import KERNELS as GEMV_KERNELS
 from aiayn.inference.gemv import available as gemv_available
 from aiayn.inference.gemv import gemv_int8, gemv_linear, unavailable_reason
+from aiayn.inference.huge_pages import ENV_VAR as HUGE_PAGES_ENV_VAR
+from aiayn.inference.huge_pages import MODES as HUGE_PAGES_MODES
+from aiayn.inference.huge_pages import huge_page_bytes, huge_page_copies
+from aiayn.inference.huge_pages import unavailable_reason as huge_pages_reason
 from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "adopt_gelu_tanh", "attention_candidates", "choose_gelu_tanh", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
+    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "adopt_gelu_tanh", "attention_candidates", "choose_gelu_tanh", "choose_huge_pages", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
     "ROW_SPLITS", "attention_mode", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
@@ -112,7 +120,7 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
     # A cached choice of the native kernel holds only where it still loads (and for fp32 and bf16): else timed again.
     native = gemv_available() if any(w.dtype in GEMV_DTYPES for w in weights) else False
     valid = KERNELS if native else tuple(k for k in KERNELS if k.split("/")[0] not in GEMV_KERNELS)
-    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows" for w in weights]
+    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows{_pages()}" for w in weights]
     return _cached(shapes, weights, valid, timed, "Linear kernels")
 
 
@@ -138,7 +146,7 @@ def choose_int8_kernels(weights: list[Tensor]) -> list[str]:
         choice = _fastest(times)
         return choice, ", ".join(f"{name} {times[name]:.3f}" for name in INT8_ONE_ROW) + f" ms (1 row) -> {choice}"
 
-    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1 row" for w in weights]
+    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1 row{_pages()}" for w in weights]
     return _cached(shapes, weights, INT8_ONE_ROW, timed, "int8 kernels")
 
 
@@ -297,6 +305,76 @@ def _time_attention(dtype: torch.dtype, heads: int, head_dim: int, rounds: int =
             for name in names:
                 total[name] += best[name]
     return total
+
+
+_HUGE_PAGES_CHOSEN: list[bool] = []  # this process's answer, once
+
+
+def _pages() -> str:
+    """What an inference kernel's cached choice adds to its shape: the weights' pages where they are huge."""
+    return ", huge pages" if choose_huge_pages() else ""
+
+
+def choose_huge_pages() -> bool:
+    """Whether a loaded model's weights go on transparent huge pages here (:mod:`aiayn.inference.huge_pages`): never
+    where the system has none; else read from the cache, or timed once (one row through cold copies of a GPT-2 768 ->
+    3072 fp32 weight, on 4 KiB pages and on huge pages, the fastest of five interleaved rounds; huge pages kept where
+    they are 2% faster) and cached beside the kernel choices. ``$AIAYN_HUGE_PAGES``: ``measure`` (the default), ``on``
+    (refused where the system has none) or ``off``."""
+    if _HUGE_PAGES_CHOSEN:
+        return _HUGE_PAGES_CHOSEN[0]
+    mode, reason = env_choice(HUGE_PAGES_ENV_VAR, HUGE_PAGES_MODES), huge_pages_reason()
+    if mode == "on" and reason is not None:
+        raise ValueError(f"${HUGE_PAGES_ENV_VAR}=on: {reason}; use measure or off")
+    if mode != "measure" or reason is not None:
+        chosen = mode == "on"
+    else:
+        def timed(_: None) -> tuple[str, str]:
+            times = _time_huge_pages()
+            if times is None:
+                raise _NoHugePages
+            choice = "on" if times["huge pages"] < HUGE_PAGE_MARGIN * times["4 KiB pages"] else "off"
+            return choice, ", ".join(f"{name} {t:.3f}" for name, t in times.items()) + f" ms (one row, 768 -> 3072 fp32) -> {choice}"
+
+        try:
+            (answer,) = _cached([HUGE_PAGES_SHAPE], [None], ("on", "off"), timed, "weight placement", HUGE_PAGES_ENV_VAR)
+            chosen = answer == "on"
+        except _NoHugePages:
+            log.info("weight placement: the system gave the timing no huge pages now (memory fragmented?): the weights stay on 4 KiB "
+                     "pages, timed again at the next load ($%s overrides)", HUGE_PAGES_ENV_VAR)
+            chosen = False
+    _HUGE_PAGES_CHOSEN.append(chosen)
+    return chosen
+
+
+HUGE_PAGE_MARGIN = 0.98  # huge pages must be 2% faster to be kept: they round each model up to 2 MiB
+HUGE_PAGES_SHAPE = "weights on huge pages (one row, 768->3072 float32, cold)"  # the choice's name in the cache
+
+
+class _NoHugePages(Exception):
+    """The system gave the timing's copies no huge pages: nothing to compare, nothing to cache."""
+
+
+def _time_huge_pages(rounds: int = 5) -> dict[str, float] | None:
+    """Milliseconds of one row through a 768 -> 3072 fp32 weight by ``F.linear``, its copies (together past the
+    last-level cache) on 4 KiB pages and on huge pages: the mean call of the fastest of ``rounds`` interleaved rounds;
+    ``None`` where the system gave the copies no huge pages (:func:`~aiayn.inference.huge_pages.huge_page_bytes`)."""
+    w = torch.randn(3072, 768)
+    copies = _cold_copies(w.numel() * w.element_size())
+    small = [w.clone() for _ in range(copies)]
+    huge = huge_page_copies(small)
+    if huge_page_bytes(huge[0]) == 0:
+        return None
+    x = torch.randn(1, 768)
+
+    def on(weights: list[Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            for weight in weights:
+                F.linear(x, weight)
+        return run
+
+    with torch.no_grad():
+        return _fastest_rounds({"4 KiB pages": on(small), "huge pages": on(huge)}, rounds, per=copies)
 
 
 ACTIVATION_ENV_VAR = "AIAYN_ACTIVATION_KERNEL"
@@ -481,7 +559,8 @@ def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int
     w = weight.detach()
     size = w.numel() * w.element_size()
     copies = _cold_copies(size)
-    weights = [w.clone() for _ in range(copies)]
+    # on the pages the model's weights will have (huge pages can change the winner: MKL and ours tied on 4 KiB pages)
+    weights = huge_page_copies([w] * copies) if choose_huge_pages() else [w.clone() for _ in range(copies)]
     x = torch.randn(rows, w.shape[1], dtype=w.dtype if w.is_floating_point() else torch.float32)  # int8: fp32 inputs
     def on_every_copy(name: str) -> Callable[[], None]:
         calls = [_kernel(name, c, x) for c in weights]

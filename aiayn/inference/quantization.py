@@ -184,6 +184,11 @@ class Int8Linear(nn.Module):
         self.kernel_scale = self.scale.to(dtype)
         self._kernel_key = self._key(dtype)
 
+    def ready(self, dtype: torch.dtype) -> None:
+        """Repack for ``dtype`` unless :attr:`kernel_scale` is already derived from ``scale`` as it is."""
+        if self._key(dtype) != self._kernel_key:
+            self.repack(dtype)
+
     def dequantized(self) -> Tensor:
         """The fp32 weight ``(N, K)`` this layer computes with (for tests and error measurements)."""
         return self.weight.float() * self.scale[:, None]
@@ -196,8 +201,8 @@ class Int8Linear(nn.Module):
             return gemv.gemv_int8(x, self.weight, self.scale, self.bias, gemv.KERNELS[self.one])
         compute = compute_dtype(x.dtype)
         flat = x.reshape(-1, self.in_features).to(compute)  # (M, K): the kernel takes 2-D inputs
-        if not torch.compiler.is_compiling() and self._key(compute) != self._kernel_key:
-            self.repack(compute)
+        if not torch.compiler.is_compiling():
+            self.ready(compute)
         scale = self.kernel_scale if self.kernel_scale.dtype == compute else self.kernel_scale.to(compute)
         if self.in_features % _KERNEL_K_MULTIPLE == 0:
             if torch.compiler.is_compiling():
