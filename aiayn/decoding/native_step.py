@@ -27,9 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.inference import gemv
-from aiayn.inference.int4 import Int4Linear
-from aiayn.inference.precision import PackedLinear
-from aiayn.inference.quantization import _KERNEL_K_MULTIPLE, Int8Linear, compute_dtype
 from aiayn.models.common import check_token_ids
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.nn.attention import _native_fits, resolve_backend
@@ -221,30 +218,13 @@ def _attention(attention: Any, dtype: torch.dtype, queries: int) -> str:
 
 
 def _linear(plan: _Plan, module: Any, one_row: bool, dtype: torch.dtype) -> None:
-    """Write how ``module`` computes a call of one row (``one_row``) or several, as its ``forward`` does.
+    """Write how ``module`` computes a call of one row (``one_row``) or several: its own ``native_call`` (each of our
+    Linear classes writes it beside its ``forward``), or ``at::linear`` for a plain ``nn.Linear``.
 
-    Raises ``ValueError`` for a layer kind the C++ step does not know (the decoder then keeps the eager step)."""
-    out = module.out_features
-    if type(module) is PackedLinear:  # exact types: a subclass may compute otherwise (int8-dynamic's does)
-        kernel = module.one if one_row else module.many
-        if kernel in gemv.KERNELS and module.weight.dtype == dtype and module.weight.is_contiguous():
-            return plan.linear("gemv", gemv.KERNELS[kernel], out, module.weight, None, module.bias)
-        if kernel == "packed":
-            module.refresh()
-            if module._packed is not None:
-                return plan.linear("packed", 0, out, module._packed, None, module.bias)
-            return plan.linear("plain", 0, out, module.weight, None, module.bias)
-        if kernel == "plain":
-            return plan.linear("plain", 0, out, module.weight, None, module.bias)
-    elif type(module) is Int8Linear:
-        if one_row and module.one in gemv.KERNELS and dtype in gemv.DTYPES:
-            return plan.linear("gemv", gemv.KERNELS[module.one], out, module.weight, module.scale, module.bias)
-        if module.in_features % _KERNEL_K_MULTIPLE == 0:
-            module.ready(compute_dtype(dtype))
-            return plan.linear("int8", 0, out, module.weight, module.kernel_scale, module.bias)
-    elif type(module) is Int4Linear:
-        module.ready(compute_dtype(dtype))
-        return plan.linear("int4", module.group_size, out, module.packed, module.scale_zeros, module.bias)
-    elif type(module) is nn.Linear:
-        return plan.linear("plain", 0, out, module.weight, None, module.bias)
-    raise ValueError(f"the C++ step does not know how a {type(module).__name__} computes ({module.extra_repr()})")
+    Raises ``ValueError`` for a layer the C++ step cannot take (the decoder then keeps the eager step)."""
+    call = module.native_call(one_row, dtype) if hasattr(module, "native_call") else None
+    if call is None and type(module) is nn.Linear:
+        call = gemv.NativeCall("plain", 0, module.weight, None)
+    if call is None:
+        raise ValueError(f"the C++ step does not know how a {type(module).__name__} computes ({module.extra_repr()})")
+    plan.linear(call.kind, call.param, module.out_features, call.weight, call.scale, module.bias)

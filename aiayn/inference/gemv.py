@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "PREFETCH", "allow_in_graphs", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
+__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
            "gemv_linear", "may_run", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,18 @@ DTYPES = (torch.float32, torch.bfloat16)  # the floating-point weights it takes 
 # throw-away sweeps). Other CPUs may lose by it, so both are candidates.
 PREFETCH = 16 << 10
 KERNELS = {"native": 0, "native-prefetch": PREFETCH}  # the kernel's names in the timed choice: bytes prefetched ahead
+
+
+class NativeCall(NamedTuple):
+    """How a Linear layer computes a call at inference, as the C++ decoding step (``decode_step.cpp``) takes it: each
+    layer class writes its own (``native_call``, beside its ``forward``). ``kind``: ``plain`` (``at::linear``), ``gemv``
+    (our matrix-vector product, ``param`` bytes prefetched), ``packed`` (oneDNN's packed ``weight``), ``int8`` or ``int4``
+    (torch's kernels; ``param``: int4's group size); ``scale``: int8's per row, int4's scales and zeros."""
+
+    kind: str
+    param: int
+    weight: Tensor
+    scale: Tensor | None
 # Whether compiled graphs call it: set before a decode step compiles (allow_in_graphs), where Inductor writes AVX-512
 # code. Under its AVX2 code (checked with ATEN_CPU_CAPABILITY=avx2 on a Zen 5 EPYC, 2026-12-04) a compiled decode step
 # around it gave NaN or wrong logits, frozen or not, while the kernel alone and a small compiled graph were right:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.inference.gemv import NativeCall
 from aiayn.inference.precision import replace_linears
 from aiayn.inference.quantization import avx512_graphs, compute_dtype
 
@@ -143,6 +144,12 @@ class Int4Linear(nn.Module):
         """Repack for ``dtype`` unless the kernel's layout is already derived from the buffers as they are."""
         if self._key(dtype) != self._packed_key:
             self.repack(dtype)
+
+    def native_call(self, one_row: bool, dtype: torch.dtype) -> NativeCall:
+        """How :meth:`forward` computes a call (of one row or several alike) with ``dtype`` activations, for the C++ decoding
+        step: torch's kernel over the layout derived for the compute dtype."""
+        self.ready(compute_dtype(dtype))
+        return NativeCall("int4", self.group_size, self.packed, self.scale_zeros)
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (the

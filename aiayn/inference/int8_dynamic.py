@@ -125,6 +125,10 @@ class Int8DynamicLinear(Int8Linear):
         self.refresh()
         return torch.ops.quantized.linear_dynamic(flat, self._packed, False)
 
+    def native_call(self, one_row: bool, dtype: torch.dtype) -> None:
+        """None: its activations are quantised too, which the C++ decoding step has no kernel for (it keeps the forward)."""
+        return None
+
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., K) -> (..., N)`` in ``x``'s dtype (FBGEMM computes from and to fp32)."""
         flat = x.reshape(-1, self.in_features).float()

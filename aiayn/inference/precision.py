@@ -154,6 +154,18 @@ class PackedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
+    def native_call(self, one_row: bool, dtype: torch.dtype) -> gemv.NativeCall | None:
+        """How :meth:`forward` computes an inference call of one row (``one_row``) or several in ``dtype``, for the C++
+        decoding step; ``None`` for the split kernel (the step keeps the forward)."""
+        kernel = self.one if one_row else self.many
+        if kernel in gemv.KERNELS and self.weight.dtype == dtype and self.weight.is_contiguous():
+            return gemv.NativeCall("gemv", gemv.KERNELS[kernel], self.weight, None)
+        if kernel == "packed":
+            self.refresh()
+            if self._packed is not None:
+                return gemv.NativeCall("packed", 0, self._packed, None)
+        return gemv.NativeCall("plain", 0, self.weight, None) if kernel in ("packed", "plain") else None
+
     def forward(self, x: Tensor) -> Tensor:
         weight = self.weight  # read once: a module's parameters are looked up by nn.Module.__getattr__
         if torch.is_grad_enabled() or x.dtype != weight.dtype or not (x.is_cpu and weight.is_cpu):

@@ -189,6 +189,16 @@ class Int8Linear(nn.Module):
         if self._key(dtype) != self._kernel_key:
             self.repack(dtype)
 
+    def native_call(self, one_row: bool, dtype: torch.dtype) -> gemv.NativeCall | None:
+        """How :meth:`forward` computes a call of one row (``one_row``) or several with ``dtype`` activations, for the C++
+        decoding step; ``None`` where it dequantises per call (``in_features`` not a multiple of the kernel's)."""
+        if one_row and self.one in gemv.KERNELS and dtype in gemv.DTYPES:
+            return gemv.NativeCall("gemv", gemv.KERNELS[self.one], self.weight, self.scale)
+        if self.in_features % _KERNEL_K_MULTIPLE:
+            return None
+        self.ready(compute_dtype(dtype))
+        return gemv.NativeCall("int8", 0, self.weight, self.kernel_scale)
+
     def dequantized(self) -> Tensor:
         """The fp32 weight ``(N, K)`` this layer computes with (for tests and error measurements)."""
         return self.weight.float() * self.scale[:, None]
