@@ -340,10 +340,10 @@ def prepare_for_inference(
     oneDNN: the precision step of every loader."""
     torch_dtype, quantize = parse_dtype(dtype), parse_quantize(quantize)
     _check_pack(pack)
-    if huge_pages not in (None, True, False):
+    if huge_pages is not None and not isinstance(huge_pages, bool):  # 1 == True: `in (None, True, False)` would take it
         raise TypeError(f"huge_pages must be None (timed on this machine), True or False, got {huge_pages!r}")
-    if huge_pages and huge_pages_reason() is not None:
-        raise ValueError(f"huge_pages=True: {huge_pages_reason()}; use huge_pages=None (decided here) or False")
+    if huge_pages and (reason := huge_pages_reason()) is not None:
+        raise ValueError(f"huge_pages=True: {reason}; use huge_pages=None (decided here) or False")
     if quantize is not None:
         quantize_model(model, quantize)  # from the fp32 weights, before any cast; checks the kernel
     fuse_projections(model)  # Q/K/V (and SwiGLU's gate/up) as one layer each; the same checkpoint keys

@@ -144,6 +144,8 @@ def test_bad_input_is_refused_naming_it(tmp_path, monkeypatch):
         kernel_choice.choose_huge_pages()
     with pytest.raises(TypeError, match="huge_pages must be None .* got 'yes'"):
         prepare_for_inference(_gpt(), huge_pages="yes")
+    with pytest.raises(TypeError, match="huge_pages must be None .* got 1"):
+        prepare_for_inference(_gpt(), huge_pages=1)
     setting = tmp_path / "enabled"
     setting.write_text("always madvise [never]\n")
     monkeypatch.setattr(huge_pages, "SETTING", setting)
