@@ -61,6 +61,8 @@ from aiayn.decoding import BeamConfig, GenerationConfig, beam_search, generate
 from aiayn.decoding.adapters import CausalLMDecoder, Seq2SeqDecoder
 from aiayn.decoding.sampling import argmax_last
 from aiayn.inference import Int8Linear, PackedLinear, gemv
+from aiayn.inference.huge_pages import huge_page_copies
+from aiayn.inference.huge_pages import unavailable_reason as huge_pages_reason
 from aiayn.inference.precision import can_pack, native_bf16
 from aiayn.interop.hf import load_hf
 from aiayn.pretrained import prepare_for_inference
@@ -162,8 +164,18 @@ def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
 # --------------------------------------------------------------------------- runners
 
 
-SMALL_PAGES = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}, "int4": {"quantize": "int4"}}  # -small-pages variants' load
+# Each format's load (prepare_for_inference's arguments). int4: a scale and zero per 32 inputs, as llama.cpp's Q4_0;
+# int8dyn: int8 activations too, as its Q8_0.
+LOADS: dict[str, dict[str, object]] = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
+                                       "int8dyn": {"quantize": "int8-dynamic"}, "int4": {"quantize": "int4"}}
 Runner = tuple[Callable[[Tensor], Tensor], nn.Module, CausalLMDecoder | None]
+
+
+def _model_key(name: str) -> str:
+    """The model a variant of ours decodes: its format's load (``ours-bf16-compiled`` -> ``bf16``), ``unpacked``, or the
+    format's load on 4 KiB pages (``ours-int8-small-pages`` -> ``int8-small-pages``)."""
+    fmt = name.split("-")[1]
+    return "unpacked" if name.endswith("-unpacked") else f"{fmt}-small-pages" if name.endswith("-small-pages") else fmt
 
 
 def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str], new_tokens: int) -> dict[str, Runner]:
@@ -173,16 +185,12 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
     variant is asked for (GPT-2 small: 0.5 GB)."""
     config = GenerationConfig(max_new_tokens=new_tokens, greedy=True, eos_id=None)
     models: dict[str, nn.Module] = {}
-    if any("bf16" in n and n.startswith("ours") for n in names):
-        models["bf16"] = prepare_for_inference(copy.deepcopy(ours), dtype="bfloat16")
-    # int4: a scale and zero per 32 inputs, as llama.cpp's Q4_0; int8dyn: int8 activations too, as its Q8_0
-    for key, method in (("int8", "int8"), ("int8dyn", "int8-dynamic"), ("int4", "int4")):
-        if any(n.startswith("ours-") and n.split("-")[1] == key for n in names):
-            models[key] = prepare_for_inference(copy.deepcopy(ours), quantize=method)
-    for name in (n for n in names if n.startswith("ours-") and n.endswith("-small-pages")):  # weights left on 4 KiB pages
-        models[name] = prepare_for_inference(copy.deepcopy(ours), **SMALL_PAGES[name.split("-")[1]], huge_pages=False)
-    if any(n.endswith("-unpacked") for n in names):  # MKL's sgemm through F.linear, as a plain nn.Linear runs
-        models["unpacked"] = prepare_for_inference(copy.deepcopy(ours), pack=False)
+    for key in sorted({_model_key(n) for n in names if n.startswith("ours-")} - {"fp32"}):  # each load once, fp32 last (in place)
+        fmt = key.split("-")[0]
+        if key == "unpacked":  # MKL's sgemm through F.linear, as a plain nn.Linear runs
+            models[key] = prepare_for_inference(copy.deepcopy(ours), pack=False)
+        else:  # the format's load; -small-pages: its weights left on 4 KiB pages
+            models[key] = prepare_for_inference(copy.deepcopy(ours), **LOADS[fmt], **({"huge_pages": False} if key != fmt else {}))
     models["fp32"] = prepare_for_inference(ours)
     peer_bf16 = copy.deepcopy(peer).to(torch.bfloat16) if "hf-bf16" in names else None
 
@@ -203,7 +211,7 @@ def decoder_only_runners(ours: nn.Module, peer: nn.Module, names: Sequence[str],
             model = peer if name == "hf-fp32" else peer_bf16
             runners[name] = (hf_with(model), model, None)  # type: ignore[arg-type]
             continue
-        model = models["unpacked" if name.endswith("-unpacked") else name if name.endswith("-small-pages") else name.split("-")[1]]
+        model = models[_model_key(name)]
         if name.endswith("-dynamic"):
             decoder = CausalLMDecoder(model)
         elif name.endswith("-uncached"):
@@ -391,7 +399,8 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
 def token_chain(shape: Shape, rounds: int = 9) -> dict[str, dict[str, float]]:
     """dtype -> kernel -> ms of one token's weight reads: the one-row calls of a decoding step of ``shape`` in their
     order (fused Q/K/V, the output projection, the two feed-forward layers per layer, then the vocabulary), each weight
-    its own tensor, through each one-row kernel the load may choose (the median of ``rounds`` interleaved rounds).
+    its own tensor, through each one-row kernel the load may choose (the median of ``rounds`` interleaved rounds), on
+    4 KiB pages and, where the system has them, on transparent huge pages (:mod:`aiayn.inference.huge_pages`).
     What a step costs without the rest of it: the kernels' in-model rate, which a layer timed alone in the cache
     (``--linears``) does not show."""
     from aiayn.inference.kernel_choice import INT8_ONE_ROW, _kernel, one_row_kernels
@@ -407,6 +416,10 @@ def token_chain(shape: Shape, rounds: int = 9) -> dict[str, dict[str, float]]:
             weights, names = [torch.randn(s).to(dtype) for s in shapes], one_row_kernels(dtype)
         xs = {n: torch.randn(1, n, dtype=dtype if dtype.is_floating_point else torch.float32) for n in {i for _, i in shapes}}
         calls = {name: [_kernel(name, w, xs[w.shape[1]]) for w in weights] for name in names}
+        if huge_pages_reason() is None:  # and the same weights on transparent huge pages, as the load may put them
+            placed = huge_page_copies(weights)
+            calls.update({f"{name}, huge pages": [_kernel(name, w, xs[w.shape[1]]) for w in placed] for name in names})
+            del placed  # the calls hold them
 
         def token(chain: list[Callable[[], Tensor]]) -> Callable[[], None]:
             def run() -> None:
