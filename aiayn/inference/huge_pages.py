@@ -2,8 +2,8 @@
 
 Why: batch-1 decoding reads every weight once a token, so it runs at the speed memory streams. With 4 KiB pages the
 stream crosses a page every 4 KiB: a TLB miss, and a stop for the hardware prefetcher, which does not cross pages. On
-an AMX Xeon one token's weight reads of GPT-2 small ran 1.07-1.6x faster from huge pages (fp32 and bf16, our
-matrix-vector kernel and MKL alike), whole greedy decoding 1.0-1.3x (``docs/benchmarks.md``). Linux gives huge pages to memory advised with
+an AMX Xeon one token's weight reads of GPT-2 small through our kernel ran 1.07x (fp32), 1.13x (bf16) and 1.20x (int8)
+faster from huge pages, whole greedy decoding 1.00-1.08x (``docs/benchmarks.md``). Linux gives huge pages to memory advised with
 ``MADV_HUGEPAGE`` where ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` or ``always``.
 
 :func:`place_on_huge_pages` copies a module's parameters and buffers into one anonymous mapping advised so, each

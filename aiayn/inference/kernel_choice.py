@@ -25,7 +25,7 @@ GPT-2's activation, GELU with tanh's approximation, asks it of torch's kernel an
 took 4.4x its exact GELU's time on an AMX Xeon. ``AIAYN_ACTIVATION_KERNEL`` overrides: ``measure``, ``torch`` or ``native``.
 
 Where the weights lie asks it too (:func:`choose_huge_pages`): on transparent huge pages one token's weight reads
-ran 1.07-1.6x faster on an AMX Xeon (:mod:`aiayn.inference.huge_pages`); the kernels are then timed on huge pages
+ran 1.07-1.20x faster on an AMX Xeon (:mod:`aiayn.inference.huge_pages`); the kernels are then timed on huge pages
 as well. ``AIAYN_HUGE_PAGES`` overrides: ``measure``, ``on`` or ``off``.
 
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack; in
