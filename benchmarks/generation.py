@@ -418,7 +418,7 @@ def token_chain(shape: Shape, rounds: int = 9) -> dict[str, dict[str, float]]:
         calls = {name: [_kernel(name, w, xs[w.shape[1]]) for w in weights] for name in names}
         if huge_pages_reason() is None:  # and the same weights on transparent huge pages, as the load may put them
             placed = huge_page_copies(weights)
-            calls.update({f"{name}, huge pages": [_kernel(name, w, xs[w.shape[1]]) for w in placed] for name in names})
+            calls.update({f"{name}+huge-pages": [_kernel(name, w, xs[w.shape[1]]) for w in placed] for name in names})
             del placed  # the calls hold them
 
         def token(chain: list[Callable[[], Tensor]]) -> Callable[[], None]:
