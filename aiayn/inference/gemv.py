@@ -55,7 +55,8 @@ SOURCE = Path(__file__).with_name("gemv.cpp")
 # The library's sources, built together into one operator library: the matrix-vector product, one query's attention,
 # GPT-2's GELU, the vector pieces they share (a header), and the one-token decoding step that calls them
 # (aiayn.decoding.native_step).
-SOURCES = (SOURCE, SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("decode_step.cpp"))
+SOURCES = (SOURCE, SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
+           SOURCE.with_name("decode_step.cpp"))
 HEADERS = (SOURCE.with_name("simd.h"),)
 BUILD_TIMEOUT_S = 600
 
@@ -172,12 +173,19 @@ def _load() -> str | None:
     torch.library.register_fake("aiayn_native::attend_one")(_fake_attend)
     torch.library.register_fake("aiayn_native::gelu_tanh")(lambda x: torch.empty_like(x))
     torch.library.register_fake("aiayn_native::gelu_tanh_backward")(lambda grad, x: torch.empty_like(x))
+    torch.library.register_fake("aiayn_native::cross_entropy_rows")(_fake_cross_entropy)
+    torch.library.register_fake("aiayn_native::cross_entropy_backward")(lambda grad, logits, *rest: torch.empty_like(logits))
     return None
 
 
 def _fake(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, prefetch: int = 0) -> Tensor:
     """The operator's output shape and dtype without running it (what ``torch.compile`` traces)."""
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _fake_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, smoothing: float) -> tuple[Tensor, Tensor]:
+    rows = logits.new_empty(logits.shape[:1], dtype=torch.float32)
+    return rows, torch.empty_like(rows)
 
 
 def _fake_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:

@@ -21,8 +21,10 @@ Attention asks it of one query (a decoding step, :func:`choose_attention`): torc
 In bf16 on a Zen 5 EPYC the fused kernel took 1.7x the formula's time at 144 keys and 4x at 512; in fp32 it was the
 faster. ``AIAYN_ATTENTION_KERNEL`` overrides: ``measure`` (the default), ``sdpa``, ``math`` or ``native``.
 
-GPT-2's activation, GELU with tanh's approximation, asks it of torch's kernel and ours (:func:`choose_gelu_tanh`): torch's
-took 4.4x its exact GELU's time on an AMX Xeon. ``AIAYN_ACTIVATION_KERNEL`` overrides: ``measure``, ``torch`` or ``native``.
+GPT-2's activation, GELU with tanh's approximation, and the training loss's cross-entropy ask it of torch's kernels and
+ours (:func:`choose_native`): torch's GELU took 4.4x its exact GELU's time on an AMX Xeon, and its operators over chunks
+of GPT-2's 50,257 logits a row 3.3x our kernel's time. ``AIAYN_ACTIVATION_KERNEL`` and ``AIAYN_LOSS_KERNEL`` override:
+``measure``, ``torch`` or ``native``.
 
 Where the weights lie asks it too (:func:`choose_huge_pages`): on transparent huge pages one token's weight reads
 ran 1.07-1.20x faster on an AMX Xeon (:mod:`aiayn.inference.huge_pages`); the kernels are then timed on huge pages
@@ -41,7 +43,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, NamedTuple, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +64,7 @@ from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "adopt_gelu_tanh", "attention_candidates", "choose_gelu_tanh", "choose_huge_pages", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
+    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_native", "choose_huge_pages", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
     "ROW_SPLITS", "attention_mode", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
@@ -378,44 +380,68 @@ def _time_huge_pages(rounds: int = 5) -> dict[str, float] | None:
 
 
 ACTIVATION_ENV_VAR = "AIAYN_ACTIVATION_KERNEL"
-ACTIVATION = ("torch", "native")  # GPT-2's tanh-approximated GELU: torch's kernel, or ours (aiayn.inference.gemv.gelu_tanh)
+LOSS_ENV_VAR = "AIAYN_LOSS_KERNEL"
+NATIVE_OPS = ("torch", "native")  # each operator below: torch's kernels, or ours (aiayn.inference.gemv)
+ACTIVATION = NATIVE_OPS  # GPT-2's tanh-approximated GELU (aiayn.inference.gemv.gelu_tanh)
 ACTIVATION_ELEMENTS = 1 << 20  # elements the activation is timed on: a (1024, 1024) block of a batch's hidden units
-_ACTIVATION_CHOSEN: dict[torch.dtype, str] = {}  # this process's answers, so that a forward reads a dict
+LOSS_ROWS, LOSS_VOCAB = 32, 32768  # the cross-entropy is timed on 2^20 logits: rows of a large vocabulary, as GPT-2's
 
 
-def choose_gelu_tanh(dtype: torch.dtype) -> str:
-    """Which kernel of :data:`ACTIVATION` computes the tanh-approximated GELU and its gradient in ``dtype`` here:
-    ``torch`` without our native library; else read from the cache or timed once (forward and backward over
-    :data:`ACTIVATION_ELEMENTS` elements, the fastest of five interleaved rounds) and cached beside the other
-    choices. ``$AIAYN_ACTIVATION_KERNEL``: ``measure`` (the default), ``torch`` or ``native``."""
-    if dtype in _ACTIVATION_CHOSEN:
-        return _ACTIVATION_CHOSEN[dtype]
-    mode = _native_mode(ACTIVATION_ENV_VAR, ACTIVATION, "GELU kernel")
+class NativeOp(NamedTuple):
+    """One operator that our library may compute in place of torch's: its override variable, its name in words and in
+    the cache, and what times the two (milliseconds by kernel, for a dtype)."""
+
+    env: str
+    what: str
+    timer: str  # the name of this module's timing function (looked up at the call: tests replace it)
+
+
+OPERATORS = {
+    "gelu_tanh": NativeOp(ACTIVATION_ENV_VAR, "GELU kernel", "_time_gelu_tanh"),
+    "cross_entropy": NativeOp(LOSS_ENV_VAR, "cross-entropy kernel", "_time_cross_entropy"),
+}
+_NATIVE_CHOSEN: dict[tuple[str, torch.dtype], str] = {}  # this process's answers, so that a forward reads a dict
+
+
+def choose_native(op: str, dtype: torch.dtype) -> str:
+    """Which of :data:`NATIVE_OPS` computes operator ``op`` (one of :data:`OPERATORS`) and its gradient in ``dtype`` here:
+    ``torch`` without our native library; else read from the cache or timed once (forward and backward, the fastest
+    of five interleaved rounds) and cached beside the other choices. The operator's variable (``$AIAYN_ACTIVATION_KERNEL``
+    for GPT-2's GELU, ``$AIAYN_LOSS_KERNEL`` for the cross-entropy): ``measure`` (the default), ``torch`` or ``native``."""
+    if (op, dtype) in _NATIVE_CHOSEN:
+        return _NATIVE_CHOSEN[op, dtype]
+    spec = OPERATORS[op]
+    mode = _native_mode(spec.env, NATIVE_OPS, spec.what)
     if mode != "measure" or not gemv_available():
         choice = "torch" if mode == "measure" else mode
     else:
         def timed(dt: torch.dtype) -> tuple[str, str]:
-            times = _time_gelu_tanh(dt)
-            best = min(ACTIVATION, key=lambda name: times[name])
-            return best, ", ".join(f"{name} {times[name]:.3f}" for name in ACTIVATION) + f" ms (forward and backward) -> {best}"
+            times = globals()[spec.timer](dt)
+            best = min(NATIVE_OPS, key=lambda name: times[name])
+            return best, ", ".join(f"{name} {times[name]:.3f}" for name in NATIVE_OPS) + f" ms (forward and backward) -> {best}"
 
-        (choice,) = _cached([f"gelu_tanh {str(dtype).removeprefix('torch.')} ({'/'.join(ACTIVATION)})"], [dtype], ACTIVATION, timed,
-                            "GELU (tanh) kernel", ACTIVATION_ENV_VAR)
-    _ACTIVATION_CHOSEN[dtype] = choice
+        (choice,) = _cached([f"{op} {str(dtype).removeprefix('torch.')} ({'/'.join(NATIVE_OPS)})"], [dtype], NATIVE_OPS, timed,
+                            spec.what, spec.env)
+    _NATIVE_CHOSEN[op, dtype] = choice
     return choice
 
 
-def adopt_gelu_tanh(dtype: torch.dtype, choice: str) -> None:
-    """Take ``choice`` (one of :data:`ACTIVATION`, made elsewhere: distributed training's rank 0) for ``dtype`` in this
-    process, without timing."""
-    if choice not in ACTIVATION:
-        raise ValueError(f"choice must be one of {', '.join(ACTIVATION)}, got {choice!r}")
-    _ACTIVATION_CHOSEN[dtype] = choice
+def adopt_native(op: str, dtype: torch.dtype, choice: str) -> None:
+    """Take ``choice`` (one of :data:`NATIVE_OPS`, made elsewhere: distributed training's rank 0) for operator ``op`` in
+    ``dtype`` in this process, without timing."""
+    if choice not in NATIVE_OPS:
+        raise ValueError(f"choice must be one of {', '.join(NATIVE_OPS)}, got {choice!r}")
+    _NATIVE_CHOSEN[op, dtype] = choice
+
+
+def choose_gelu_tanh(dtype: torch.dtype) -> str:
+    """:func:`choose_native` for GPT-2's GELU: torch's took 4.4x its exact GELU's time on an AMX Xeon."""
+    return choose_native("gelu_tanh", dtype)
 
 
 def _time_gelu_tanh(dtype: torch.dtype, rounds: int = 5) -> dict[str, float]:
     """Milliseconds of the tanh-approximated GELU's forward and backward over :data:`ACTIVATION_ELEMENTS` elements by
-    each of :data:`ACTIVATION`: the fastest of ``rounds`` interleaved rounds, after a warm-up call."""
+    each of :data:`NATIVE_OPS`: the fastest of ``rounds`` interleaved rounds, after a warm-up call."""
     from aiayn.inference.gemv import gelu_tanh, gelu_tanh_backward
 
     x = torch.randn(ACTIVATION_ELEMENTS).to(dtype)
@@ -425,6 +451,20 @@ def _time_gelu_tanh(dtype: torch.dtype, rounds: int = 5) -> dict[str, float]:
         "native": lambda: (gelu_tanh(x), gelu_tanh_backward(grad, x)),
     }
     return _fastest_rounds(runs, rounds)
+
+
+def _time_cross_entropy(dtype: torch.dtype, rounds: int = 5) -> dict[str, float]:
+    """Milliseconds of the training loss's forward and backward (:class:`aiayn.training.losses.ChunkedCrossEntropy`) over
+    :data:`LOSS_ROWS` rows of :data:`LOSS_VOCAB` logits, by torch's operators a chunk at a time and by our kernel: the
+    fastest of ``rounds`` interleaved rounds, after a warm-up call."""
+    from aiayn.training.losses import cross_entropy_by
+
+    x = torch.randn(LOSS_ROWS, LOSS_VOCAB, generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
+    targets = torch.randint(LOSS_VOCAB, (LOSS_ROWS,), generator=torch.Generator().manual_seed(1))
+    def run(kernel: str) -> Callable[[], object]:
+        return lambda: torch.autograd.grad(cross_entropy_by(kernel, x, targets, -100, 0.1), x)
+
+    return _fastest_rounds({name: run(name) for name in NATIVE_OPS}, rounds)
 
 
 def _fastest_rounds(runs: dict[str, Callable[[], object]], rounds: int, *, per: int = 1,

@@ -40,7 +40,7 @@ from aiayn.checkpoint.state import (
 from aiayn.config_io import save_yaml
 from aiayn.data.batching import padded_length
 from aiayn.evaluation.during_training import bleu_eval_hook
-from aiayn.inference.kernel_choice import adopt_gelu_tanh, choose_gelu_tanh
+from aiayn.inference.kernel_choice import adopt_native, choose_native
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
 from aiayn.nn.onednn_linear import training_kernel_choice, use_training_kernels
@@ -217,13 +217,16 @@ def _train(
             kernels = all_gather_objects(training_kernel_choice(model, rows, matmul_dtype) if dist_info.is_main else None,
                                          dist_info)[0]
         use_training_kernels(model, rows, kernels=kernels, dtype=matmul_dtype)
-    if device.type == "cpu" and any(getattr(m, "activation", None) == "gelu_tanh" for m in model.modules()):
-        # GPT-2's GELU: torch's kernel or ours, timed once here (rank 0 alone, as above) rather than in the first step
-        gelu_dtype = torch.float32 if precision == "float32" else torch.bfloat16
-        gelu = choose_gelu_tanh(gelu_dtype) if dist_info.is_main else None
+    if device.type == "cpu":
+        # our kernels or torch's for GPT-2's GELU and for the loss, timed once here (rank 0 alone, as above) rather than
+        # in the first step
+        native_dtype = torch.float32 if precision == "float32" else torch.bfloat16
+        ops = ["cross_entropy", *(["gelu_tanh"] if any(getattr(m, "activation", None) == "gelu_tanh" for m in model.modules()) else [])]
+        choices = [choose_native(op, native_dtype) for op in ops] if dist_info.is_main else None
         if dist_info.enabled:
-            gelu = all_gather_objects(gelu, dist_info)[0]
-        adopt_gelu_tanh(gelu_dtype, gelu)  # type: ignore[arg-type]  # rank 0's answer, a str
+            choices = all_gather_objects(choices, dist_info)[0]
+        for op, choice in zip(ops, choices):  # type: ignore[arg-type]  # rank 0's answers
+            adopt_native(op, native_dtype, choice)
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
     if fsdp:

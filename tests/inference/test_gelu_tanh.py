@@ -20,7 +20,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)  # a quiet machine (the other test worker is not)
     monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "measure")
-    monkeypatch.setattr(kernel_choice, "_ACTIVATION_CHOSEN", {})  # this process's answers, empty for the test
+    monkeypatch.setattr(kernel_choice, "_NATIVE_CHOSEN", {})  # this process's answers, empty for the test
     return tmp_path / "aiayn" / "kernels.json"
 
 
@@ -57,15 +57,15 @@ def test_the_layer_takes_the_faster_kernel_cached_and_the_override(native_gemv, 
         y = feedforward.gelu_tanh(x)
     assert calls == [(4, 8), (4, 8)] and y.grad_fn is None and torch.equal(y, native(x.detach()))
     assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"gelu_tanh float32 (torch/native)": "native"}
-    kernel_choice._ACTIVATION_CHOSEN.clear()
+    kernel_choice._NATIVE_CHOSEN.clear()
     monkeypatch.setattr(kernel_choice, "_time_gelu_tanh", lambda dtype: pytest.fail("timed a dtype the cache decides"))
     assert kernel_choice.choose_gelu_tanh(torch.float32) == "native"
-    kernel_choice._ACTIVATION_CHOSEN.clear()
+    kernel_choice._NATIVE_CHOSEN.clear()
     monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "torch")
     calls.clear()
     feedforward.gelu_tanh(x)
     assert calls == []
-    kernel_choice._ACTIVATION_CHOSEN.clear()
+    kernel_choice._NATIVE_CHOSEN.clear()
     monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "fast")
     with pytest.raises(ValueError, match=r"\$AIAYN_ACTIVATION_KERNEL must be one of measure, torch, native, got 'fast'"):
         kernel_choice.choose_gelu_tanh(torch.float32)
@@ -75,7 +75,7 @@ def test_without_our_library_torchs_kernel_runs_and_native_is_refused(cache, mon
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: False)
     monkeypatch.setattr(kernel_choice, "unavailable_reason", lambda: "no C++ compiler")
     assert kernel_choice.choose_gelu_tanh(torch.float32) == "torch"
-    kernel_choice._ACTIVATION_CHOSEN.clear()
+    kernel_choice._NATIVE_CHOSEN.clear()
     monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "native")
     with pytest.raises(ValueError, match=r"\$AIAYN_ACTIVATION_KERNEL=native: our GELU kernel cannot run here \(no C\+\+ compiler\)"):
         kernel_choice.choose_gelu_tanh(torch.float32)
@@ -89,8 +89,8 @@ def test_a_graph_being_compiled_takes_torchs(native_gemv, cache, monkeypatch):
 
 
 def test_a_training_run_decides_once_before_its_first_step_and_trains_through_it(native_gemv, cache, tmp_path, monkeypatch):
-    """``aiayn train`` of a model with GPT-2's GELU times the kernel once, before the first step (the answer rank 0's
-    under torchrun), and its steps run it; the loss stays torch's kernel's within fp32 rounding."""
+    """``aiayn train`` of a model with GPT-2's GELU times our GELU and our loss once each, before the first step (the
+    answers rank 0's under torchrun), and its steps run them; the loss stays torch's kernels' within fp32 rounding."""
     from loop_fixtures import lm_config
 
     from aiayn.inference import gemv
@@ -98,16 +98,23 @@ def test_a_training_run_decides_once_before_its_first_step_and_trains_through_it
     from aiayn.training.loop import train
 
     timed, calls = [], []
-    monkeypatch.setattr(kernel_choice, "_time_gelu_tanh", lambda dtype: timed.append(dtype) or {"torch": 2.0, "native": 1.0})
-    native = gemv.gelu_tanh
-    monkeypatch.setattr(gemv, "gelu_tanh", lambda x: calls.append(1) or native(x))
+    monkeypatch.setattr(kernel_choice, "_time_gelu_tanh", lambda dtype: timed.append(("gelu", dtype)) or {"torch": 2.0, "native": 1.0})
+    monkeypatch.setattr(kernel_choice, "_time_cross_entropy", lambda dtype: timed.append(("loss", dtype)) or {"torch": 2.0, "native": 1.0})
+    native, rows = gemv.gelu_tanh, torch.ops.aiayn_native.cross_entropy_rows
+    monkeypatch.setattr(gemv, "gelu_tanh", lambda x: calls.append("gelu") or native(x))
+    monkeypatch.setattr(torch.ops.aiayn_native, "cross_entropy_rows", lambda *a: calls.append("loss") or rows(*a), raising=False)
     losses = {}
     for kernel in ("measure", "torch"):
         monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, kernel)
-        kernel_choice._ACTIVATION_CHOSEN.clear()
+        monkeypatch.setenv(kernel_choice.LOSS_ENV_VAR, kernel)
+        kernel_choice._NATIVE_CHOSEN.clear()
         config = lm_config(tmp_path / kernel, steps=2)
         config.model = ModelSection(preset="tiny-decoder-only", dropout=0.0, max_len=16, activation="gelu_tanh")
         metrics = train(config).metrics
         losses[kernel] = metrics.get("val_loss", metrics.get("train_loss"))
-    assert timed == [torch.float32] and calls  # timed once; the steps ran our kernel (and only under measure)
+        if kernel == "measure":
+            assert sorted(timed) == [("gelu", torch.float32), ("loss", torch.float32)]  # timed once each
+            assert {"gelu", "loss"} <= set(calls)  # the steps ran our kernels
+            calls.clear()
+    assert calls == []  # and only under measure
     assert abs(losses["measure"] - losses["torch"]) < 1e-4
