@@ -56,7 +56,7 @@ SOURCE = Path(__file__).with_name("gemv.cpp")
 # GPT-2's GELU, the vector pieces they share (a header), and the one-token decoding step that calls them
 # (aiayn.decoding.native_step).
 SOURCES = (SOURCE, SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
-           SOURCE.with_name("decode_step.cpp"))
+           SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("decode_step.cpp"))
 HEADERS = (SOURCE.with_name("simd.h"),)
 BUILD_TIMEOUT_S = 600
 
@@ -175,6 +175,9 @@ def _load() -> str | None:
     torch.library.register_fake("aiayn_native::gelu_tanh_backward")(lambda grad, x: torch.empty_like(x))
     torch.library.register_fake("aiayn_native::cross_entropy_rows")(_fake_cross_entropy)
     torch.library.register_fake("aiayn_native::cross_entropy_backward")(lambda grad, logits, *rest: torch.empty_like(logits))
+    torch.library.register_fake("aiayn_native::attention_forward")(
+        lambda q, k, v, causal, scale: (_heads_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)))
+    torch.library.register_fake("aiayn_native::attention_backward")(lambda grad, q, k, v, *rest: (_heads_like(q), _heads_like(k), _heads_like(v)))
     return None
 
 
@@ -186,6 +189,11 @@ def _fake(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | None, 
 def _fake_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, smoothing: float) -> tuple[Tensor, Tensor]:
     rows = logits.new_empty(logits.shape[:1], dtype=torch.float32)
     return rows, torch.empty_like(rows)
+
+
+def _heads_like(x: Tensor) -> Tensor:
+    """``(B, H, n, D)`` laid out as ``(B, n, H, D)``, as ``attention_train.cpp`` returns its outputs."""
+    return x.new_empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3])).transpose(1, 2)
 
 
 def _fake_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:

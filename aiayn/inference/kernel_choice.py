@@ -65,7 +65,7 @@ from aiayn.untrusted import read_json_file
 
 __all__ = [
     "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_native", "choose_huge_pages", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
-    "ROW_SPLITS", "attention_mode", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
+    "ROW_SPLITS", "TRAINING_ATTENTION", "TRAINING_ATTENTION_ENV_VAR", "attention_mode", "choose_training_attention", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
 
@@ -262,6 +262,55 @@ def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
     shape_names = [f"attention {heads}x{dim} {str(dtype).removeprefix('torch.')} 1 query ({'/'.join(names)}, cold)"
                    for dtype, heads, dim in shapes]
     return _cached(shape_names, shapes, names, timed, "one-query attention", ATTENTION_ENV_VAR)
+
+
+TRAINING_ATTENTION_ENV_VAR = "AIAYN_TRAINING_ATTENTION"
+TRAINING_ATTENTION = ("rule", "native")  # training attention: the kernel aiayn.nn.attention's rule names, or ours
+_TRAINING_CHOSEN: dict[tuple[torch.dtype, tuple[int, ...], bool, str], str] = {}  # this process's answers
+
+
+def choose_training_attention(dtype: torch.dtype, shape: tuple[int, ...], causal: bool, rule: str) -> str:
+    """``native`` where our training kernel (``aiayn/inference/attention_train.cpp``) was timed faster than ``rule`` (the
+    backend ``aiayn.nn.attention``'s rule names: ``sdpa`` or ``math``) at queries of ``shape`` (B, H, T, D), keys as many
+    and ``causal``, forward and backward, else ``rule``: read from this process's answers or the cache, or timed once
+    (the fastest of nine interleaved rounds) and cached. ``$AIAYN_TRAINING_ATTENTION``: ``measure`` (the default),
+    ``rule`` (never ours) or ``native``."""
+    key = (dtype, shape, causal, rule)
+    if key in _TRAINING_CHOSEN:
+        return _TRAINING_CHOSEN[key]
+    mode = _native_mode(TRAINING_ATTENTION_ENV_VAR, TRAINING_ATTENTION, "training attention kernel")
+    if mode != "measure" or not gemv_available():
+        choice = "native" if mode == "native" else rule
+    else:
+        def timed(item: tuple[torch.dtype, tuple[int, ...], bool, str]) -> tuple[str, str]:
+            times = _time_training_attention(*item)
+            best = min((rule, "native"), key=lambda name: times[name])
+            return best, f"{rule} {times[rule]:.3f}, native {times['native']:.3f} ms (forward and backward) -> {best}"
+
+        name = f"training attention {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}{' causal' if causal else ''} ({rule}/native)"
+        (choice,) = _cached([name], [key], (rule, "native"), timed, "training attention", TRAINING_ATTENTION_ENV_VAR)
+    _TRAINING_CHOSEN[key] = choice
+    return choice
+
+
+def _time_training_attention(dtype: torch.dtype, shape: tuple[int, ...], causal: bool, rule: str,
+                             rounds: int = 9) -> dict[str, float]:
+    """Milliseconds of self-attention's forward and backward at queries, keys and values of ``shape`` by ``rule``'s
+    backend and by ours: the fastest of ``rounds`` interleaved rounds, after a warm-up round (nine: at nanoGPT's
+    shape the two differ by a tenth of a millisecond)."""
+    import math
+
+    from aiayn.nn.attention import NativeAttention, scaled_dot_product_attention
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(shape, generator=generator).to(dtype) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    scale = 1.0 / math.sqrt(shape[-1])
+    runs: dict[str, Callable[[], object]] = {
+        rule: lambda: torch.autograd.grad(scaled_dot_product_attention(q, k, v, causal=causal, backend=rule)[0], (q, k, v), grad),
+        "native": lambda: torch.autograd.grad(NativeAttention.apply(q, k, v, causal and shape[2] > 1, scale), (q, k, v), grad),
+    }
+    return _fastest_rounds(runs, rounds)
 
 
 def choose_model_attention(model: nn.Module) -> dict[tuple[torch.dtype, int, int], str]:

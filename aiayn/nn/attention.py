@@ -12,7 +12,10 @@
   backend :data:`ONE_QUERY` holds for its dtype and shape, timed at load on this machine
   (:func:`aiayn.inference.kernel_choice.choose_attention`: in bf16 the flash kernel took 4x the formula's time
   at 512 keys on a Zen 5 EPYC), which may also be ``"native"``, our one-query kernel built on this machine
-  (:func:`aiayn.inference.gemv.attend_one`); ``"sdpa"`` everywhere else. A named backend is always obeyed.
+  (:func:`aiayn.inference.gemv.attend_one`); ``"sdpa"`` everywhere else. Training on the CPU without a mask (causal or
+  not), that backend is timed once per shape against our training kernel (``aiayn/inference/attention_train.cpp``:
+  2x the flash kernel's speed for GPT-2 small's heads on an AMX Xeon), which is taken where faster
+  (:func:`aiayn.inference.kernel_choice.choose_training_attention`). A named backend is always obeyed.
 
 Masks follow :mod:`aiayn.nn.masks`: bool, ``True`` = may attend. Fully masked query rows give an
 all-zero output and zero gradients in both backends (no NaN, no ``-1e9`` that overflows fp16).
@@ -21,12 +24,13 @@ all-zero output and zero gradients in both backends (no NaN, no ``-1e9`` that ov
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.inference import gemv
+from aiayn.inference import gemv, kernel_choice
 from aiayn.nn.masks import causal_mask, check_attention_mask
 
 BACKENDS: tuple[str, ...] = ("math", "sdpa", "auto")
@@ -101,7 +105,12 @@ def scaled_dot_product_attention(
         check_attention_mask(mask, batch, heads, q_len, k_len)
     if causal and k_len < q_len:
         raise ValueError(f"causal attention needs at least as many keys as queries, got T={q_len}, S={k_len}")
+    asked = backend
     backend = "math" if return_weights else resolve_backend(backend, q, k_len)
+    if asked == "auto" and backend in ("sdpa", "math") and _native_training_fits(q, k, v, mask, bias, dropout_p, causal):
+        # training without a mask on the CPU: the rule's kernel or ours, whichever was timed faster at this shape
+        if kernel_choice.choose_training_attention(q.dtype, tuple(q.shape), causal, backend) == "native":
+            return NativeAttention.apply(q, k, v, causal and q_len > 1, 1.0 / math.sqrt(q.shape[-1])), None
     if backend == "native":
         if _native_fits(q, k, v, mask, bias, dropout_p):
             return gemv.attend_one(q, k, v, mask), None
@@ -163,6 +172,44 @@ def _native_fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Ten
         and (mask is None or (mask.dim() == 4 and mask.shape[0] in (1, q.shape[0]) and mask.shape[1:] == (1, 1, k.shape[2])))
         and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and gemv.may_run()
     )
+
+
+TRAINING_MAX_KEYS = 4096  # our training kernel keeps a head's scores (queries x keys fp32, twice) in each thread's buffers
+
+
+def _native_training_fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
+                          causal: bool) -> bool:
+    """Whether a training call can go through our kernel (:class:`NativeAttention`, where it loaded): the CPU, a gradient
+    asked for, fp32 or bf16, one key/value head per query head, no mask, bias or dropout, a causal call with as many keys
+    as queries, a head dimension of a multiple of 16 (the vectors' width), at most :data:`TRAINING_MAX_KEYS` keys, the
+    last dimension contiguous, eagerly."""
+    return (
+        q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        and q.dtype in gemv.DTYPES and k.dtype == q.dtype and v.dtype == q.dtype and k.shape == v.shape
+        and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3] and q.shape[3] % 16 == 0 and q.numel() > 0
+        and 0 < k.shape[2] <= TRAINING_MAX_KEYS and (not causal or k.shape[2] == q.shape[2])
+        and mask is None and bias is None and dropout_p == 0.0
+        and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and not torch.compiler.is_compiling()
+    )
+
+
+class NativeAttention(torch.autograd.Function):
+    """``apply(q, k, v (B, H, T|S, D), causal, scale)`` -> ``softmax(scale q k^T) v`` by our kernel, forward and backward
+    (``aiayn_native::attention_forward`` saves each row's log-sum-exp; the backward recomputes the scores from it)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+        out, lse = torch.ops.aiayn_native.attention_forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aiayn_native.attention_backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
 
 
 def _check_on_host(q: Tensor) -> bool:

@@ -1,0 +1,368 @@
+// Self-attention for training on the CPU, forward and backward (aiayn/nn/attention.py takes it where it was timed
+// faster than torch's flash kernel, aiayn/inference/kernel_choice.py): each (batch, head) pair on one thread, its
+// queries, keys and values widened to fp32 in the thread's buffers, the scores of the whole head kept there (so the
+// backward recomputes them once, from the saved log-sum-exp), and every product a register-blocked loop over them.
+// Causal attention computes only the scores at or below the diagonal (in blocks of 32 keys).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "simd.h"
+
+namespace {
+
+using namespace aiayn_simd;
+
+constexpr int64_t kRows = 4;   // queries (or keys) a register block holds
+constexpr int64_t kCols = 32;  // keys a score block holds: two vectors of 16
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// One (batch, head)'s rows of a (B, H, T, D) tensor with the last dimension contiguous.
+template <typename T>
+struct Head {
+  const T* p;
+  int64_t row;  // stride between positions
+  const T* at(int64_t t) const { return p + t * row; }
+};
+
+template <typename T>
+Head<T> head_of(const at::Tensor& x, int64_t bh, int64_t heads) {
+  return {x.const_data_ptr<T>() + (bh / heads) * x.stride(0) + (bh % heads) * x.stride(1), x.stride(2)};
+}
+
+// rows x d of a head widened to fp32, times `scale`, into dst (rows x d; d a multiple of 16).
+template <typename T>
+void widen(Head<T> src, int64_t rows, int64_t d, float scale, float* dst) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const T* s = src.at(t);
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (; k < d; k += 16) _mm512_storeu_ps(dst + t * d + k, _mm512_mul_ps(load16(s + k), sv));
+#endif
+    for (; k < d; ++k) dst[t * d + k] = static_cast<float>(s[k]) * scale;
+  }
+}
+
+// rows x d of a head widened to fp32 and transposed into tiles of kCols rows: tile j holds rows [j kCols, (j + 1) kCols)
+// as d x kCols (so a score block reads one contiguous tile); rows past `rows` zero. dst: round_up(rows, kCols) x d.
+template <typename T>
+void widen_transposed(Head<T> src, int64_t rows, int64_t d, float* dst) {
+  const int64_t padded = round_up(rows, kCols);
+  for (int64_t t = rows; t < padded; ++t) {
+    for (int64_t k = 0; k < d; ++k) dst[(t / kCols) * d * kCols + k * kCols + t % kCols] = 0.f;
+  }
+  int64_t t = 0;
+#if defined(__AVX512F__)
+  const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(static_cast<int>(kCols)));
+  for (; t < rows; ++t) {  // each row's 16 values to 16 rows of its tile, one scatter
+    const T* s = src.at(t);
+    float* tile = dst + (t / kCols) * d * kCols + t % kCols;
+    for (int64_t k = 0; k < d; k += 16) _mm512_i32scatter_ps(tile + k * kCols, lanes, load16(s + k), 4);
+  }
+#endif
+  for (; t < rows; ++t) {
+    const T* s = src.at(t);
+    for (int64_t k = 0; k < d; ++k) dst[(t / kCols) * d * kCols + k * kCols + t % kCols] = static_cast<float>(s[k]);
+  }
+}
+
+// c[i][j] = scale * sum_k a[i][k] bt[k][j] for rows [i0, i0 + kScoreRows) (a: rows x d) and columns [0, cols) (bt: tiles
+// of widen_transposed, cols a multiple of kCols), c with ld columns.
+constexpr int64_t kScoreRows = 8;
+
+void scores_block(const float* a, const float* bt, int64_t i0, int64_t rows, int64_t d, int64_t ld, int64_t cols, float scale,
+                  float* c) {
+  const int64_t nr = std::min(kScoreRows, rows - i0);
+  const float* ar[kScoreRows];
+  for (int64_t r = 0; r < kScoreRows; ++r) ar[r] = a + std::min(i0 + r, rows - 1) * d;
+#if defined(__AVX512F__)
+  for (int64_t j = 0; j < cols; j += kCols) {
+    const float* tile = bt + (j / kCols) * d * kCols;
+    __m512 acc[kScoreRows][2];
+    for (int64_t r = 0; r < kScoreRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < d; ++k) {
+      const __m512 b0 = _mm512_loadu_ps(tile + k * kCols), b1 = _mm512_loadu_ps(tile + k * kCols + 16);
+      for (int64_t r = 0; r < kScoreRows; ++r) {
+        const __m512 x = _mm512_set1_ps(ar[r][k]);
+        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+      }
+    }
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < nr; ++r) {
+      _mm512_storeu_ps(c + (i0 + r) * ld + j, _mm512_mul_ps(acc[r][0], s));
+      _mm512_storeu_ps(c + (i0 + r) * ld + j + 16, _mm512_mul_ps(acc[r][1], s));
+    }
+  }
+#else
+  for (int64_t r = 0; r < nr; ++r) {
+    for (int64_t j = 0; j < cols; ++j) {
+      float s = 0.f;
+      for (int64_t k = 0; k < d; ++k) s += ar[r][k] * bt[(j / kCols) * d * kCols + k * kCols + j % kCols];
+      c[(i0 + r) * ld + j] = s * scale;
+    }
+  }
+#endif
+}
+
+// out[r][c, c + 16 NV) = sum_{j in [from, n)} w[(i0 + r) * ld + j] * b[j][c, c + 16 NV) for rows [i0, i0 + kRows) (rows
+// past `rows` skipped); b: n x d; out: rows x d (fp32). With `transposed`, w is read as w[j * ld + i0 + r] (the products
+// of a matrix's transpose: dV = P^T dO, dK = dS^T Q).
+template <bool transposed, int NV>
+void weighted_chunk(const float* w, int64_t ld, const float* b, int64_t from, int64_t n, int64_t i0, int64_t rows, int64_t d,
+                    int64_t c, float* out) {
+  const int64_t nr = std::min(kRows, rows - i0);
+#if defined(__AVX512F__)
+  __m512 acc[kRows][NV];
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  int64_t idx[kRows];
+  for (int64_t r = 0; r < kRows; ++r) idx[r] = std::min(i0 + r, rows - 1);
+  for (int64_t j = from; j < n; ++j) {
+    const float* bj = b + j * d + c;
+    __m512 bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(bj + 16 * v);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512 x = _mm512_set1_ps(transposed ? w[j * ld + idx[r]] : w[idx[r] * ld + j]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
+    }
+  }
+  for (int64_t r = 0; r < nr; ++r) {
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + (i0 + r) * d + c + 16 * v, acc[r][v]);
+  }
+#else
+  for (int64_t r = 0; r < nr; ++r) {
+    for (int64_t k = c; k < c + 16 * NV; ++k) {
+      float s = 0.f;
+      for (int64_t j = from; j < n; ++j) s += (transposed ? w[j * ld + i0 + r] : w[(i0 + r) * ld + j]) * b[j * d + k];
+      out[(i0 + r) * d + k] = s;
+    }
+  }
+#endif
+}
+
+// weighted_chunk over the whole head dimension (a multiple of 16), 64 columns at a time.
+template <bool transposed>
+void weighted_rows(const float* w, int64_t ld, const float* b, int64_t from, int64_t n, int64_t i0, int64_t rows, int64_t d,
+                   float* out) {
+  for (int64_t c = 0; c < d; c += 64) {
+    switch (std::min<int64_t>(64, d - c) / 16) {
+      case 1: weighted_chunk<transposed, 1>(w, ld, b, from, n, i0, rows, d, c, out); break;
+      case 2: weighted_chunk<transposed, 2>(w, ld, b, from, n, i0, rows, d, c, out); break;
+      case 3: weighted_chunk<transposed, 3>(w, ld, b, from, n, i0, rows, d, c, out); break;
+      default: weighted_chunk<transposed, 4>(w, ld, b, from, n, i0, rows, d, c, out); break;
+    }
+  }
+}
+
+template <typename T>
+void store_head(const float* src, int64_t rows, int64_t d, T* dst, int64_t row_stride) {
+  for (int64_t t = 0; t < rows; ++t) {
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    for (; k < d; k += 16) store16(dst + t * row_stride + k, _mm512_loadu_ps(src + t * d + k));
+#endif
+    for (; k < d; ++k) dst[t * row_stride + k] = static_cast<T>(src[t * d + k]);
+  }
+}
+
+// The keys query i attends to: all of them, or those at or before it.
+inline int64_t keys_of(int64_t i, int64_t s, bool causal) { return causal ? i + 1 : s; }
+// The score columns a block of queries from i0 computes (a multiple of kCols, within the padded width).
+inline int64_t block_cols(int64_t i0, int64_t t, int64_t s, bool causal) {
+  return round_up(causal ? std::min(i0 + kScoreRows, t) : s, kCols);
+}
+
+struct Buffers {
+  std::vector<float> q, v, kt, scores, extra;
+};
+
+template <typename T>
+void forward_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, float scale, at::Tensor& out,
+                   at::Tensor& lse) {
+  const int64_t heads = q.size(1), t = q.size(2), s = k.size(2), d = q.size(3), sp = round_up(s, kCols);
+  float* lse_p = lse.mutable_data_ptr<float>();
+  at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
+    Buffers b;
+    b.q.resize(t * d), b.v.resize(s * d), b.kt.resize(d * sp), b.scores.resize(t * sp), b.extra.resize(t * d);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      widen(head_of<T>(q, bh, heads), t, d, 1.f, b.q.data());
+      widen_transposed(head_of<T>(k, bh, heads), s, d, b.kt.data());
+      widen(head_of<T>(v, bh, heads), s, d, 1.f, b.v.data());
+      float* p = b.scores.data();
+      for (int64_t i0 = 0; i0 < t; i0 += kScoreRows) {
+        scores_block(b.q.data(), b.kt.data(), i0, t, d, sp, block_cols(i0, t, s, causal), scale, p);
+      }
+      for (int64_t i = 0; i < t; ++i) {  // softmax of each row over its keys, zero past them
+        float* row = p + i * sp;
+        const int64_t n = keys_of(i, s, causal);
+        float m = -INFINITY, sum = 0.f;
+        int64_t j = 0;
+#if defined(__AVX512F__)
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (; j + 16 <= n; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + j));
+        m = _mm512_reduce_max_ps(mx);
+#endif
+        for (; j < n; ++j) m = std::max(m, row[j]);
+        j = 0;
+#if defined(__AVX512F__)
+        const __m512 mv = _mm512_set1_ps(m);
+        __m512 sv = _mm512_setzero_ps();
+        for (; j + 16 <= n; j += 16) {
+          const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv));
+          _mm512_storeu_ps(row + j, e);
+          sv = _mm512_add_ps(sv, e);
+        }
+        sum = _mm512_reduce_add_ps(sv);
+#endif
+        for (; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
+        const float inv = 1.f / sum;
+        j = 0;
+#if defined(__AVX512F__)
+        for (; j + 16 <= n; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), _mm512_set1_ps(inv)));
+#endif
+        for (; j < n; ++j) row[j] *= inv;
+        std::fill(row + n, row + sp, 0.f);
+        lse_p[bh * t + i] = m + std::log(sum);
+      }
+      for (int64_t i0 = 0; i0 < t; i0 += kRows) {
+        weighted_rows<false>(p, sp, b.v.data(), 0, causal ? std::min(i0 + kRows, t) : s, i0, t, d, b.extra.data());
+      }
+      store_head(b.extra.data(), t, d, out.mutable_data_ptr<T>() + (bh / heads) * out.stride(0) + (bh % heads) * out.stride(1),
+                 out.stride(2));
+    }
+  });
+}
+
+template <typename T>
+void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                    const at::Tensor& lse, bool causal, float scale, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+  const int64_t heads = q.size(1), t = q.size(2), s = k.size(2), d = q.size(3), sp = round_up(s, kCols);
+  const float* lse_p = lse.const_data_ptr<float>();
+  at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
+    Buffers b;
+    std::vector<float> dout(t * d), vt(d * sp), ds(t * sp), delta(t), kf(s * d), result(std::max(t, s) * d);
+    b.q.resize(t * d), b.v.resize(s * d), b.kt.resize(d * sp), b.scores.resize(t * sp);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      widen(head_of<T>(q, bh, heads), t, d, 1.f, b.q.data());
+      widen(head_of<T>(k, bh, heads), s, d, 1.f, kf.data());
+      widen_transposed(head_of<T>(k, bh, heads), s, d, b.kt.data());
+      widen_transposed(head_of<T>(v, bh, heads), s, d, vt.data());
+      widen(head_of<T>(grad, bh, heads), t, d, 1.f, dout.data());
+      const Head<T> o = head_of<T>(out, bh, heads);
+      for (int64_t i = 0; i < t; ++i) {  // delta_i = dO_i . O_i
+        float acc = 0.f;
+        for (int64_t c = 0; c < d; ++c) acc += dout[i * d + c] * static_cast<float>(o.at(i)[c]);
+        delta[i] = acc;
+      }
+      float* p = b.scores.data();
+      for (int64_t i0 = 0; i0 < t; i0 += kScoreRows) {
+        const int64_t cols = block_cols(i0, t, s, causal);
+        scores_block(b.q.data(), b.kt.data(), i0, t, d, sp, cols, scale, p);  // S again
+        scores_block(dout.data(), vt.data(), i0, t, d, sp, cols, 1.f, ds.data());  // dP = dO V^T
+      }
+      for (int64_t i = 0; i < t; ++i) {  // P = exp(S - lse), dS = scale P (dP - delta); zero past the row's keys
+        float* row = p + i * sp;
+        float* drow = ds.data() + i * sp;
+        const int64_t n = keys_of(i, s, causal);
+        const float l = lse_p[bh * t + i];
+        int64_t j = 0;
+#if defined(__AVX512F__)
+        const __m512 lv = _mm512_set1_ps(l), dv_ = _mm512_set1_ps(delta[i]), sv = _mm512_set1_ps(scale);
+        for (; j + 16 <= n; j += 16) {
+          const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), lv));
+          _mm512_storeu_ps(row + j, e);
+          _mm512_storeu_ps(drow + j, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(_mm512_loadu_ps(drow + j), dv_)), sv));
+        }
+#endif
+        for (; j < n; ++j) {
+          row[j] = std::exp(row[j] - l);
+          drow[j] = scale * row[j] * (drow[j] - delta[i]);
+        }
+        std::fill(row + n, row + sp, 0.f);
+        std::fill(drow + n, drow + sp, 0.f);
+      }
+      const int64_t qs = dq.stride(2), ks = dk.stride(2);
+      T* dq_p = dq.mutable_data_ptr<T>() + (bh / heads) * dq.stride(0) + (bh % heads) * dq.stride(1);
+      T* dk_p = dk.mutable_data_ptr<T>() + (bh / heads) * dk.stride(0) + (bh % heads) * dk.stride(1);
+      T* dv_p = dv.mutable_data_ptr<T>() + (bh / heads) * dv.stride(0) + (bh % heads) * dv.stride(1);
+      for (int64_t i0 = 0; i0 < t; i0 += kRows) {  // dQ = dS K
+        weighted_rows<false>(ds.data(), sp, kf.data(), 0, causal ? std::min(i0 + kRows, t) : s, i0, t, d, result.data());
+      }
+      store_head(result.data(), t, d, dq_p, qs);
+      for (int64_t j0 = 0; j0 < s; j0 += kRows) {  // dK = dS^T Q, over the queries that see these keys
+        weighted_rows<true>(ds.data(), sp, b.q.data(), causal ? j0 : 0, t, j0, s, d, result.data());
+      }
+      store_head(result.data(), s, d, dk_p, ks);
+      for (int64_t j0 = 0; j0 < s; j0 += kRows) {  // dV = P^T dO
+        weighted_rows<true>(p, sp, dout.data(), causal ? j0 : 0, t, j0, s, d, result.data());
+      }
+      store_head(result.data(), s, d, dv_p, dv.stride(2));
+    }
+  });
+}
+
+void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const char* name) {
+  TORCH_CHECK(q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16), name,
+              ": q must be a float32 or bfloat16 CPU tensor, got ", q.scalar_type(), " on ", q.device());
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                  k.size(3) == q.size(3) && k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              name, ": q (B, H, T, D), k and v (B, H, S, D) of q's dtype, got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(q.size(3) % 16 == 0, name, ": the head dimension must be a multiple of 16, got ", q.size(3));
+  TORCH_CHECK(!causal || q.size(2) == k.size(2), name, ": causal attention needs as many keys as queries");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, name, ": the head dimension must be contiguous");
+}
+
+// (B, H, n, D) laid out as (B, n, H, D), as the model's heads are: merging them back is a view, not a copy.
+at::Tensor heads_like(const at::Tensor& x) { return at::empty({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2); }
+
+// (out (B, H, T, D) in q's dtype, laid out as (B, T, H, D); lse (B, H, T) fp32)
+std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                                                     double scale) {
+  check(q, k, v, causal, "aiayn_native::attention_forward");
+  at::Tensor out = heads_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  if (q.scalar_type() == at::kFloat) {
+    forward_heads<float>(q, k, v, causal, static_cast<float>(scale), out, lse);
+  } else {
+    forward_heads<at::BFloat16>(q, k, v, causal, static_cast<float>(scale), out, lse);
+  }
+  return {out, lse};
+}
+
+// (dq, dk, dv), each of its input's shape, laid out as heads_like
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
+                                                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                                                  bool causal, double scale) {
+  check(q, k, v, causal, "aiayn_native::attention_backward");
+  const at::Tensor g = grad.stride(3) == 1 ? grad : grad.contiguous();
+  const at::Tensor o = out.stride(3) == 1 ? out : out.contiguous();
+  at::Tensor dq = heads_like(q), dk = heads_like(k), dv = heads_like(v);
+  const at::Tensor l = lse.contiguous();
+  if (q.scalar_type() == at::kFloat) {
+    backward_heads<float>(g, q, k, v, o, l, causal, static_cast<float>(scale), dq, dk, dv);
+  } else {
+    backward_heads<at::BFloat16>(g, q, k, v, o, l, causal, static_cast<float>(scale), dq, dk, dv);
+  }
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(aiayn_native, m) {
+  m.def("attention_forward(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
+  m.def("attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float scale) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(aiayn_native, CPU, m) {
+  m.impl("attention_forward", &attention_forward);
+  m.impl("attention_backward", &attention_backward);
+}
