@@ -23,7 +23,7 @@ faster. ``AIAYN_ATTENTION_KERNEL`` overrides: ``measure`` (the default), ``sdpa`
 
 GPT-2's activation, GELU with tanh's approximation, and the training loss's cross-entropy ask it of torch's kernels and
 ours (:func:`choose_native`): torch's GELU took 4.4x its exact GELU's time on an AMX Xeon, and its operators over chunks
-of GPT-2's 50,257 logits a row 3.3x our kernel's time. ``AIAYN_ACTIVATION_KERNEL`` and ``AIAYN_LOSS_KERNEL`` override:
+of GPT-2's 50,257 logits a row 2.7x our kernel's time. ``AIAYN_ACTIVATION_KERNEL`` and ``AIAYN_LOSS_KERNEL`` override:
 ``measure``, ``torch`` or ``native``.
 
 Where the weights lie asks it too (:func:`choose_huge_pages`): on transparent huge pages one token's weight reads

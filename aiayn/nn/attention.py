@@ -14,7 +14,7 @@
   at 512 keys on a Zen 5 EPYC), which may also be ``"native"``, our one-query kernel built on this machine
   (:func:`aiayn.inference.gemv.attend_one`); ``"sdpa"`` everywhere else. Training on the CPU without a mask (causal or
   not), that backend is timed once per shape against our training kernel (``aiayn/inference/attention_train.cpp``:
-  2x the flash kernel's speed for GPT-2 small's heads on an AMX Xeon), which is taken where faster
+  1.7x the flash kernel's speed in fp32 and 1.4x in bf16 for GPT-2 small's heads on an AMX Xeon), which is taken where faster
   (:func:`aiayn.inference.kernel_choice.choose_training_attention`). A named backend is always obeyed.
 
 Masks follow :mod:`aiayn.nn.masks`: bool, ``True`` = may attend. Fully masked query rows give an

@@ -117,7 +117,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     ``eps / V`` on every class); its gradient is ``softmax(x_i) - (1 - eps) * onehot(y_i) - eps / V``. Only
     the per-row log-sum-exp (N fp32 values) is saved beside the logits; the gradient has their dtype.
     ``native``: our kernel computes both a row at a time (fp32 or bf16 CPU logits; ``aiayn/inference/cross_entropy.cpp``),
-    reading each row twice and widening none into a tensor: 3.3x faster than the chunks over GPT-2's vocabulary.
+    reading each row twice and widening none into a tensor: 2.7x faster than the chunks over GPT-2's vocabulary.
     """
 
     @staticmethod
