@@ -122,3 +122,36 @@ def test_a_model_trains_through_it_as_through_the_rules_kernel(choice, monkeypat
     assert grads["native"][1].keys() == grads["rule"][1].keys()
     for name, grad in grads["rule"][1].items():
         torch.testing.assert_close(grads["native"][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_lm_run_through_our_attention_and_loss_resumes_bit_for_bit(native_gemv, tmp_path, monkeypatch, precision):
+    """``aiayn train`` of a language model with our attention and our loss forced: 4 steps straight == 2 steps, stop,
+    resume to 4 (both kernels give each row and head to one thread: the same bits whatever the run)."""
+    from loop_fixtures import lm_config
+
+    from aiayn.checkpoint.weights import read_safetensors
+    from aiayn.training.config import ModelSection
+    from aiayn.training.loop import train
+
+    monkeypatch.setenv(kernel_choice.TRAINING_ATTENTION_ENV_VAR, "native")
+    monkeypatch.setenv(kernel_choice.LOSS_ENV_VAR, "native")
+    monkeypatch.setattr(kernel_choice, "_NATIVE_CHOSEN", {})
+    monkeypatch.setattr(kernel_choice, "_TRAINING_CHOSEN", {})
+    calls = []
+    forward, rows = torch.ops.aiayn_native.attention_forward, torch.ops.aiayn_native.cross_entropy_rows
+    monkeypatch.setattr(torch.ops.aiayn_native, "attention_forward", lambda *a: calls.append("attention") or forward(*a), raising=False)
+    monkeypatch.setattr(torch.ops.aiayn_native, "cross_entropy_rows", lambda *a: calls.append("loss") or rows(*a), raising=False)
+
+    def config(name: str, **loop: object):
+        config = lm_config(tmp_path / name, steps=4, save_every=2, eval_every=4, precision=precision, **loop)
+        config.model = ModelSection(preset="tiny-decoder-only", n_heads=2, dropout=0.0, max_len=16)  # heads of 16
+        return config
+
+    straight = train(config("a"))
+    assert {"attention", "loss"} <= set(calls)  # the steps ran our attention and our loss
+    train(config("b", stop_after=2))
+    resumed = train(config("b"))
+    a, _ = read_safetensors(straight.run_dir / "step-000004" / "model.safetensors")
+    b, _ = read_safetensors(resumed.run_dir / "step-000004" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
