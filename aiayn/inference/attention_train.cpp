@@ -181,9 +181,11 @@ inline int64_t block_cols(int64_t i0, int64_t t, int64_t s, bool causal) {
   return round_up(causal ? std::min(i0 + kScoreRows, t) : s, kCols);
 }
 
-struct Buffers {
-  std::vector<float> q, v, kt, scores, extra;
-};
+// One (batch, head)'s first element of a (B, H, n, D) output, to write.
+template <typename T>
+T* head_out(at::Tensor& x, int64_t bh, int64_t heads) {
+  return x.mutable_data_ptr<T>() + (bh / heads) * x.stride(0) + (bh % heads) * x.stride(1);
+}
 
 template <typename T>
 void forward_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, float scale, at::Tensor& out,
@@ -191,15 +193,14 @@ void forward_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const int64_t heads = q.size(1), t = q.size(2), s = k.size(2), d = q.size(3), sp = round_up(s, kCols);
   float* lse_p = lse.mutable_data_ptr<float>();
   at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
-    Buffers b;
-    b.q.resize(t * d), b.v.resize(s * d), b.kt.resize(d * sp), b.scores.resize(t * sp), b.extra.resize(t * d);
+    std::vector<float> qf(t * d), vf(s * d), kt(d * sp), scores(t * sp), result(t * d);
     for (int64_t bh = begin; bh < end; ++bh) {
-      widen(head_of<T>(q, bh, heads), t, d, 1.f, b.q.data());
-      widen_transposed(head_of<T>(k, bh, heads), s, d, b.kt.data());
-      widen(head_of<T>(v, bh, heads), s, d, 1.f, b.v.data());
-      float* p = b.scores.data();
+      widen(head_of<T>(q, bh, heads), t, d, 1.f, qf.data());
+      widen_transposed(head_of<T>(k, bh, heads), s, d, kt.data());
+      widen(head_of<T>(v, bh, heads), s, d, 1.f, vf.data());
+      float* p = scores.data();
       for (int64_t i0 = 0; i0 < t; i0 += kScoreRows) {
-        scores_block(b.q.data(), b.kt.data(), i0, t, d, sp, block_cols(i0, t, s, causal), scale, p);
+        scores_block(qf.data(), kt.data(), i0, t, d, sp, block_cols(i0, t, s, causal), scale, p);
       }
       for (int64_t i = 0; i < t; ++i) {  // softmax of each row over its keys, zero past them
         float* row = p + i * sp;
@@ -234,10 +235,9 @@ void forward_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
         lse_p[bh * t + i] = m + std::log(sum);
       }
       for (int64_t i0 = 0; i0 < t; i0 += kRows) {
-        weighted_rows<false>(p, sp, b.v.data(), 0, causal ? std::min(i0 + kRows, t) : s, i0, t, d, b.extra.data());
+        weighted_rows<false>(p, sp, vf.data(), 0, causal ? std::min(i0 + kRows, t) : s, i0, t, d, result.data());
       }
-      store_head(b.extra.data(), t, d, out.mutable_data_ptr<T>() + (bh / heads) * out.stride(0) + (bh % heads) * out.stride(1),
-                 out.stride(2));
+      store_head(result.data(), t, d, head_out<T>(out, bh, heads), out.stride(2));
     }
   });
 }
@@ -248,13 +248,12 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
   const int64_t heads = q.size(1), t = q.size(2), s = k.size(2), d = q.size(3), sp = round_up(s, kCols);
   const float* lse_p = lse.const_data_ptr<float>();
   at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
-    Buffers b;
-    std::vector<float> dout(t * d), vt(d * sp), ds(t * sp), delta(t), kf(s * d), result(std::max(t, s) * d);
-    b.q.resize(t * d), b.v.resize(s * d), b.kt.resize(d * sp), b.scores.resize(t * sp);
+    std::vector<float> qf(t * d), kf(s * d), kt(d * sp), vt(d * sp), dout(t * d), scores(t * sp), ds(t * sp), delta(t),
+        result(std::max(t, s) * d);
     for (int64_t bh = begin; bh < end; ++bh) {
-      widen(head_of<T>(q, bh, heads), t, d, 1.f, b.q.data());
+      widen(head_of<T>(q, bh, heads), t, d, 1.f, qf.data());
       widen(head_of<T>(k, bh, heads), s, d, 1.f, kf.data());
-      widen_transposed(head_of<T>(k, bh, heads), s, d, b.kt.data());
+      widen_transposed(head_of<T>(k, bh, heads), s, d, kt.data());
       widen_transposed(head_of<T>(v, bh, heads), s, d, vt.data());
       widen(head_of<T>(grad, bh, heads), t, d, 1.f, dout.data());
       const Head<T> o = head_of<T>(out, bh, heads);
@@ -263,10 +262,10 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
         for (int64_t c = 0; c < d; ++c) acc += dout[i * d + c] * static_cast<float>(o.at(i)[c]);
         delta[i] = acc;
       }
-      float* p = b.scores.data();
+      float* p = scores.data();
       for (int64_t i0 = 0; i0 < t; i0 += kScoreRows) {
         const int64_t cols = block_cols(i0, t, s, causal);
-        scores_block(b.q.data(), b.kt.data(), i0, t, d, sp, cols, scale, p);  // S again
+        scores_block(qf.data(), kt.data(), i0, t, d, sp, cols, scale, p);  // S again
         scores_block(dout.data(), vt.data(), i0, t, d, sp, cols, 1.f, ds.data());  // dP = dO V^T
       }
       for (int64_t i = 0; i < t; ++i) {  // P = exp(S - lse), dS = scale P (dP - delta); zero past the row's keys
@@ -290,22 +289,18 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
         std::fill(row + n, row + sp, 0.f);
         std::fill(drow + n, drow + sp, 0.f);
       }
-      const int64_t qs = dq.stride(2), ks = dk.stride(2);
-      T* dq_p = dq.mutable_data_ptr<T>() + (bh / heads) * dq.stride(0) + (bh % heads) * dq.stride(1);
-      T* dk_p = dk.mutable_data_ptr<T>() + (bh / heads) * dk.stride(0) + (bh % heads) * dk.stride(1);
-      T* dv_p = dv.mutable_data_ptr<T>() + (bh / heads) * dv.stride(0) + (bh % heads) * dv.stride(1);
       for (int64_t i0 = 0; i0 < t; i0 += kRows) {  // dQ = dS K
         weighted_rows<false>(ds.data(), sp, kf.data(), 0, causal ? std::min(i0 + kRows, t) : s, i0, t, d, result.data());
       }
-      store_head(result.data(), t, d, dq_p, qs);
+      store_head(result.data(), t, d, head_out<T>(dq, bh, heads), dq.stride(2));
       for (int64_t j0 = 0; j0 < s; j0 += kRows) {  // dK = dS^T Q, over the queries that see these keys
-        weighted_rows<true>(ds.data(), sp, b.q.data(), causal ? j0 : 0, t, j0, s, d, result.data());
+        weighted_rows<true>(ds.data(), sp, qf.data(), causal ? j0 : 0, t, j0, s, d, result.data());
       }
-      store_head(result.data(), s, d, dk_p, ks);
+      store_head(result.data(), s, d, head_out<T>(dk, bh, heads), dk.stride(2));
       for (int64_t j0 = 0; j0 < s; j0 += kRows) {  // dV = P^T dO
         weighted_rows<true>(p, sp, dout.data(), causal ? j0 : 0, t, j0, s, d, result.data());
       }
-      store_head(result.data(), s, d, dv_p, dv.stride(2));
+      store_head(result.data(), s, d, head_out<T>(dv, bh, heads), dv.stride(2));
     }
   });
 }

@@ -107,7 +107,8 @@ def scaled_dot_product_attention(
         raise ValueError(f"causal attention needs at least as many keys as queries, got T={q_len}, S={k_len}")
     asked = backend
     backend = "math" if return_weights else resolve_backend(backend, q, k_len)
-    if asked == "auto" and backend in ("sdpa", "math") and _native_training_fits(q, k, v, mask, bias, dropout_p, causal):
+    if (asked == "auto" and not return_weights and backend in ("sdpa", "math")
+            and _native_training_fits(q, k, v, mask, bias, dropout_p, causal)):
         # training without a mask on the CPU: the rule's kernel or ours, whichever was timed faster at this shape
         if kernel_choice.choose_training_attention(q.dtype, tuple(q.shape), causal, backend) == "native":
             return NativeAttention.apply(q, k, v, causal and q_len > 1, 1.0 / math.sqrt(q.shape[-1])), None

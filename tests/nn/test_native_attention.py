@@ -81,7 +81,8 @@ def test_auto_training_takes_ours_where_timed_faster_cached_and_the_override(cho
     with torch.no_grad():  # inference: not ours
         scaled_dot_product_attention(q, k, v, causal=True, backend="auto")
     scaled_dot_product_attention(q, k, v, mask=torch.ones(16, 16, dtype=torch.bool), backend="auto")  # a mask: not ours
-    assert calls == []
+    _, weights = scaled_dot_product_attention(q, k, v, causal=True, backend="auto", return_weights=True)  # weights: the formula
+    assert calls == [] and weights is not None and weights.shape == (2, 2, 16, 16)
     kernel_choice._TRAINING_CHOSEN.clear()
     monkeypatch.setenv(kernel_choice.TRAINING_ATTENTION_ENV_VAR, "rule")
     scaled_dot_product_attention(q, k, v, causal=True, backend="auto")
