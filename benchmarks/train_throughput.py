@@ -167,6 +167,8 @@ class Trainer:
         impl = {} if adamw == "default" else {adamw: True}  # "default": torch's choice (a for-loop on the CPU)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **impl)
         self.master = MasterWeights(model) if dtype == "bf16-master" else None  # the optimizer steps the fp32 masters
+        # as aiayn train steps them: in one pass from the copies' gradients where MasterWeights.step can
+        self.fused = self.master is not None and self.master.fused_blocker(self.optimizer) is None
 
     def step(self, ids: Tensor, targets: Tensor) -> float:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.dtype == "bf16" else nullcontext()
@@ -175,6 +177,9 @@ class Trainer:
                 loss = self.loss(self.forward(self.model, ids), targets)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+        if self.fused:
+            self.master.step(self.optimizer)  # type: ignore[union-attr]
+            return loss.item()
         if self.master is not None:
             self.master.accumulate_grads()
         self.optimizer.step()

@@ -286,6 +286,9 @@ class DecodeStep : public torch::CustomClassHolder {
   // The layers: `columns` each static cache's next column (nullptr: the caches grow, and `cache` gets their new tensors).
   at::Tensor forward(at::Tensor x, std::vector<at::Tensor>& cache, std::vector<at::Tensor>* columns, const std::optional<at::Tensor>& key_mask,
                      const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin) const {
+    // Below autograd: the step runs under no_grad and records nothing, so each operator skips the autograd and
+    // view-tracking layers of the dispatcher (a few hundred calls a token).
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
     const int64_t n = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(static_cast<int64_t>(cache.size()) == 2 * n, "aiayn_native::DecodeStep: ", n, " layers take ", 2 * n,
                 " cache tensors, got ", cache.size());
@@ -362,10 +365,11 @@ class DecodeStep : public torch::CustomClassHolder {
       // (B, H, T, Dh) -> (B, T, H * Dh): one view where the result is already in that order (one query, contiguous)
       const at::Tensor merged = length == 1 && heads.is_contiguous() ? heads.view({batch, 1, q_width})
                                                                       : heads.transpose(1, 2).reshape({batch, length, q_width});
-      x = x + linear(merged, layer.o);  // residual connection
+      // Residual connections, added in place after the first (x is then this step's own tensor, not the caller's)
+      x = i == 0 ? x + linear(merged, layer.o) : x.add_(linear(merged, layer.o));
       if (!pre_norm_) x = layer.attention_norm(x);
       // Position-wise feed-forward (section 3.3).
-      x = x + feed_forward(layer, pre_norm_ ? layer.ffn_norm(x) : x);
+      x.add_(feed_forward(layer, pre_norm_ ? layer.ffn_norm(x) : x));
       if (!pre_norm_) x = layer.ffn_norm(x);
     }
     return has_final_norm_ ? final_norm_(x) : x;

@@ -4,8 +4,11 @@ The summed loss of ``accumulate`` micro-batches is normalised by the number of t
 step (all micro-batches, all ranks), so that accumulation and data parallelism equal one big batch.
 A non-finite loss or gradient norm stops before the optimizer step (``nonfinite="raise"``) or drops
 the step (``"skip"``), decided the same on every rank. With ``master`` (``train.precision: bf16-master``) the
-runner trains bf16 copies: their gradients go into the fp32 masters after each micro-batch, and the
-masters are cast into the copies after each optimizer step.
+runner trains bf16 copies: where :meth:`MasterWeights.step` can step the optimizer (Adam or AdamW, the native library
+built), it does so from the copies' gradients and writes the copies in the same pass (accumulated micro-batches are
+added into fp32 gradients first); otherwise their gradients go into the fp32 masters after each micro-batch, and the
+masters are cast into the copies after each optimizer step. Gradients are multiplied by the clipping coefficient
+only where it is below 1 (torch's ``clip_grad_norm_`` multiplies by 1 too: a pass over every gradient for nothing).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class TrainStep:
         self.grad_clip, self.nonfinite, self.autocast, self.count = grad_clip, nonfinite, autocast, count
         self.scaler = scaler if scaler is not None else torch.amp.GradScaler("cuda", enabled=False)
         self.dist, self.device, self.master = dist_info, device, master
+        # bf16-master: the optimizer stepped by MasterWeights.step where it can be
+        self.fused = master is not None and not scaler_enabled(scaler) and master.fused_blocker(optimizer) is None
         self.skipped = 0  # non-finite steps skipped in a row
         self._local_loss = 0.0
 
@@ -74,8 +79,12 @@ class TrainStep:
         with self.master.swapped() if self.master is not None else contextlib.nullcontext():
             loss, targets = self._backward(micro)  # bf16-master: forward and backward (recomputation too) on the copies
         self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
+        if self.fused:
+            norm = self.master.grad_norm()  # type: ignore[union-attr]
+        else:  # clip_grad_norm_'s norm
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None], 2.0)
+        full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
+        grad_norm = float(full)
         # Each rank says whether its own loss (1) or the gradient norm (2) is non-finite, so the message names the rank.
         codes = rank_values((not math.isfinite(self._local_loss)) + 2 * (not math.isfinite(grad_norm)), self.dist, self.device)
         if any(codes):
@@ -85,14 +94,26 @@ class TrainStep:
             self._drop(f"non-finite loss ({loss}) or gradient norm ({grad_norm}) at step {number}{_where(codes)}")
             return None
         self.skipped = 0
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        if self.master is not None:
-            self.master.update_copies()
+        max_norm = self.grad_clip or math.inf
+        coefficient = float(torch.clamp(max_norm / (full + 1e-6), max=1.0))  # clip_grad_norm_'s, in its dtype
+        if self.fused:
+            self.master.step(self.optimizer, coefficient)  # type: ignore[union-attr]
+        else:
+            if coefficient < 1.0:
+                torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if self.master is not None:
+                self.master.update_copies()
         if self.scheduler is not None:
             self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         return StepResult(loss, grad_norm, int(targets))
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.zero_grad()  # the copies' too: an unused gradient must not reach the next step
 
     def _backward(self, micro: Sequence[Any]) -> tuple[float, float]:
         """Backpropagate every micro-batch; return the step's mean loss and its target count."""
@@ -107,7 +128,7 @@ class TrainStep:
                 with self.autocast():
                     loss = self.runner(batch)
                 self.scaler.scale(loss.sum * (self.dist.world_size / targets)).backward()
-            if self.master is not None:
+            if self.master is not None and (not self.fused or len(micro) > 1):  # fp32 sums of several micro-batches
                 self.master.accumulate_grads()
             loss_sum += loss.sum.detach().float()
         self._local_loss = float(loss_sum)  # this rank's own, before the all-reduce (names a bad rank)
@@ -118,14 +139,14 @@ class TrainStep:
         scale = self.scaler.get_scale()
         self.scaler.step(self.optimizer)  # sees the inf found by unscale_ and skips optimizer.step()
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         log.info("step %d: fp16 gradients overflowed (norm %s) at scale %g: step skipped, scale now %g",
                  number, grad_norm, scale, self.scaler.get_scale())
         return None
 
     def _drop(self, message: str) -> None:
         """A non-finite step: raise, or (``nonfinite="skip"``) drop it, giving up after too many in a row."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         if self.nonfinite == "raise":
             raise FloatingPointError(f"{message}; stopped before the optimizer step (train.nonfinite=skip would drop the step)")
         self.skipped += 1
@@ -133,6 +154,10 @@ class TrainStep:
         if self.skipped >= MAX_SKIPPED_IN_A_ROW:
             raise FloatingPointError(f"{message}; {self.skipped} steps in a row skipped, giving up")
         self.scaler.update()
+
+
+def scaler_enabled(scaler: torch.amp.GradScaler | None) -> bool:
+    return scaler is not None and scaler.is_enabled()
 
 
 def _where(codes: list[int]) -> str:
