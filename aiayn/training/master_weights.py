@@ -127,7 +127,7 @@ class MasterWeights:
         pass; the gradients are dropped after. The optimizer's ``step()`` is then called over no gradient (an update of
         nothing) so that what follows its calls (a learning-rate scheduler's order check, hooks) sees a step."""
         for group in optimizer.param_groups:
-            masters, grads, exp_avgs, exp_avg_sqs, copies, counts = [], [], [], [], [], set()
+            by_step: dict[float, list[list[Tensor]]] = {}  # step number -> masters, grads, exp_avgs, exp_avg_sqs, copies
             for master in group["params"]:
                 name = self._names[id(master)]
                 grad = master.grad if master.grad is not None else self.copies[name].grad
@@ -139,19 +139,13 @@ class MasterWeights:
                     state["exp_avg"] = torch.zeros_like(master, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(master, memory_format=torch.preserve_format)
                 state["step"] += 1
-                counts.add(float(state["step"]))
-                masters.append(master)
-                grads.append(grad.contiguous())
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                copies.append(self.copies[name])
-            for count in sorted(counts):  # one call per step count (a parameter added later counts from 1)
-                chosen = [i for i, m in enumerate(masters) if float(optimizer.state[m]["step"]) == count]
-                beta1, beta2 = group["betas"]
-                torch.ops.aiayn_native.adamw_step(
-                    [masters[i] for i in chosen], [grads[i] for i in chosen], [exp_avgs[i] for i in chosen],
-                    [exp_avg_sqs[i] for i in chosen], [copies[i] for i in chosen], float(group["lr"]), float(beta1),
-                    float(beta2), float(group["weight_decay"]), float(group["eps"]), count, float(grad_scale),
-                    type(optimizer) is torch.optim.AdamW or bool(group.get("decoupled_weight_decay")))
+                lists = by_step.setdefault(float(state["step"]), [[], [], [], [], []])
+                for into, tensor in zip(lists, (master, grad.contiguous(), state["exp_avg"], state["exp_avg_sq"], self.copies[name])):
+                    into.append(tensor)
+            beta1, beta2 = group["betas"]
+            decoupled = type(optimizer) is torch.optim.AdamW or bool(group.get("decoupled_weight_decay"))
+            for count, tensors in by_step.items():  # one call per step number (a parameter that joined later counts from 1)
+                torch.ops.aiayn_native.adamw_step(*tensors, float(group["lr"]), float(beta1), float(beta2), float(group["weight_decay"]),
+                                                  float(group["eps"]), count, float(grad_scale), decoupled)
         self.zero_grad()
         optimizer.step()  # over no gradient: torch's bookkeeping only

@@ -194,3 +194,17 @@ def test_norm_of_all_against_float64(native_gemv):
     assert float(MasterWeights(torch.nn.Linear(2, 2)).grad_norm()) == 0.0  # no gradient yet
     with pytest.raises(RuntimeError, match="tensor 0 must be a contiguous float32 or bfloat16"):
         torch.ops.aiayn_native.norm_of_all([torch.ones(4, dtype=torch.float64)])
+
+
+def test_the_one_pass_step_counts_as_the_optimizers_step(native_gemv, recwarn):
+    """A learning-rate scheduler stepped after it sees an optimizer step (no "lr_scheduler.step() before
+    optimizer.step()" warning), and the schedule's rate is the one the pass used."""
+    model = build_model("tiny-decoder-only", d_model=16, d_ff=32, n_heads=2, n_layers=1, vocab_size=24)
+    optimizer = build_optimizer(model, OptimConfig(name="adamw", lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 ** s)
+    step = TrainStep(Objective(model, "lm"), model, optimizer, scheduler=scheduler, grad_clip=1.0, master=MasterWeights(model))
+    batch = torch.randint(0, 24, (2, 9), generator=torch.Generator().manual_seed(0))
+    for i in range(3):
+        assert step([LMBatch(input=batch[:, :-1], target=batch[:, 1:])], i + 1) is not None
+    assert step.fused and not [w for w in recwarn if "lr_scheduler" in str(w.message)]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.5**3)
