@@ -111,6 +111,7 @@ class TrainStep:
         return StepResult(loss, grad_norm, int(targets))
 
     def _zero_grad(self) -> None:
+        """Drop every gradient before the next step: the optimizer's parameters' and the bf16 copies'."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.master is not None:
             self.master.zero_grad()  # the copies' too: an unused gradient must not reach the next step
@@ -157,6 +158,7 @@ class TrainStep:
 
 
 def scaler_enabled(scaler: torch.amp.GradScaler | None) -> bool:
+    """Whether ``scaler`` scales the loss (fp16): its steps go through torch's optimizer, which it watches."""
     return scaler is not None and scaler.is_enabled()
 
 
