@@ -207,3 +207,16 @@ def test_the_one_pass_step_counts_as_the_optimizers_step(native_gemv, recwarn):
         assert step([LMBatch(input=batch[:, :-1], target=batch[:, 1:])], i + 1) is not None
     assert step.fused and not [w for w in recwarn if "lr_scheduler" in str(w.message)]
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.5**3)
+
+
+def test_the_one_pass_kernel_refuses_what_it_cannot_step(native_gemv):
+    p, m, v = torch.zeros(8), torch.zeros(8), torch.zeros(8)
+    step = torch.ops.aiayn_native.adamw_step
+    with pytest.raises(RuntimeError, match="parameter 0 must be a contiguous float32"):
+        step([p.double()], [p], [m], [v], [], 1e-3, 0.9, 0.99, 0.0, 1e-8, 1.0, 1.0, True)
+    with pytest.raises(RuntimeError, match="exp_avg 0 must be a contiguous Float CPU tensor of 8 elements"):
+        step([p], [p], [torch.zeros(7)], [v], [], 1e-3, 0.9, 0.99, 0.0, 1e-8, 1.0, 1.0, True)
+    with pytest.raises(RuntimeError, match="1 parameters take as many gradients"):
+        step([p], [], [m], [v], [], 1e-3, 0.9, 0.99, 0.0, 1e-8, 1.0, 1.0, True)
+    with pytest.raises(RuntimeError, match="step >= 1"):
+        step([p], [p], [m], [v], [], 1e-3, 0.9, 0.99, 0.0, 1e-8, 0.0, 1.0, True)
