@@ -308,8 +308,9 @@ def outside_the_weights(decoder: CausalLMDecoder, ids: Tensor, steps: int) -> fl
     """The share of a decode step's wall time spent outside :data:`WEIGHT_KERNELS`: ``1 - median(kernel time) /
     median(step time)`` over ``steps`` steps timed without the profiler and, alternating with them (so that both
     see the same load), ``steps`` steps profiled one by one for the kernels' self time; after two warm-up steps. Each picks its token as greedy decoding does (:func:`~aiayn.decoding.sampling.argmax_last`).
-    One untimed step follows each profiled one: the step right after the profiler stops ran 0.6-1.2 ms slower than
-    the steps of a run without it (int8 GPT-2 small, AMX Xeon, 2026-12-06), which no decoding run pays."""
+    One untimed step follows each profiled one: the step right after the profiler's ``key_averages()`` ran 0.3-0.4 ms
+    slower than the second to fourth steps after it (int8 GPT-2 small, AMX Xeon, 2026-12-06; docs/benchmarks.md), a
+    cost no decoding run pays."""
     from torch.profiler import ProfilerActivity, profile
 
     state, logits = decoder.start(ids, max_new_tokens=3 * steps + 2)

@@ -100,14 +100,14 @@ class MasterWeights:
         return gemv.unavailable_reason()
 
     def gradients(self) -> list[Tensor]:
-        """Each parameter's gradient as the backward left it: the master's fp32 ``.grad`` where micro-batches were
-        accumulated into it (:meth:`accumulate_grads`), else the copy's bf16 one."""
-        grads = []
-        for name, master in self.masters.items():
-            grad = master.grad if master.grad is not None else self.copies[name].grad
-            if grad is not None:
-                grads.append(grad)
-        return grads
+        """Every parameter's :meth:`_gradient` there is."""
+        return [g for g in map(self._gradient, self.masters) if g is not None]
+
+    def _gradient(self, name: str) -> Tensor | None:
+        """Parameter ``name``'s gradient as the backward left it: the master's fp32 ``.grad`` where micro-batches were
+        accumulated into it (:meth:`accumulate_grads`), else the copy's bf16 one (``None`` without either)."""
+        grad = self.masters[name].grad
+        return grad if grad is not None else self.copies[name].grad
 
     def zero_grad(self) -> None:
         """Drop every gradient, the masters' and the copies'."""
@@ -124,7 +124,7 @@ class MasterWeights:
             by_step: dict[float, list[list[Tensor]]] = {}  # step number -> masters, grads, exp_avgs, exp_avg_sqs, copies
             for master in group["params"]:
                 name = self._names[id(master)]
-                grad = master.grad if master.grad is not None else self.copies[name].grad
+                grad = self._gradient(name)
                 if grad is None:
                     continue
                 state = optimizer.state[master]
