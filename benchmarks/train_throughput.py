@@ -23,6 +23,8 @@ faster per shape, and its bf16 products with their rows in one call or two, whic
 the batch's rows (``aiayn.nn.onednn_linear``, as ``aiayn train`` does); the peer keeps torch's default. Both run
 under the ``aiayn`` command's allocator (:mod:`aiayn.allocator`: mimalloc where installed, holding freed memory for
 ten steps' time as training does; ``AIAYN_ALLOCATOR=system`` for glibc's malloc).
+``bf16-master-torch`` steps the same master weights through torch's fused AdamW (the bf16 gradients widened into
+fp32 ones first, the masters cast into the copies after) instead of the library's one pass (``MasterWeights.step``).
 With both ``bf16`` and ``bf16-master`` timed for a shape, the script prints which was faster and whether
 ``train.precision=auto``'s rule (``MASTER_MIN_PARAMS``, aiayn/training/precision.py) picks it there.
 ``--loss own`` gives ours the library's chunked cross-entropy instead of the shared fp32 one.
@@ -77,9 +79,9 @@ SHAPES = {
     "gpt2": Shape("gpt2", n_layers=12, n_heads=12, d_model=768, batch=4, seq_len=256, vocab_size=50257, n_positions=1024),
 }
 QUICK_SHAPE = Shape("tiny", n_layers=2, n_heads=2, d_model=32, batch=2, seq_len=16, vocab_size=65, n_positions=16)
-DTYPES = ("fp32", "bf16", "bf16-master")  # the --dtypes choices
+DTYPES = ("fp32", "bf16", "bf16-master", "bf16-master-torch")  # the --dtypes choices
 PEAKS = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the matmul peaks measured
-PEER_DTYPE = {"fp32": "fp32", "bf16": "bf16", "bf16-master": "bf16"}  # the peer's autocast beside our master weights
+PEER_DTYPE = {"fp32": "fp32", "bf16": "bf16", "bf16-master": "bf16", "bf16-master-torch": "bf16"}  # the peer's autocast beside our master weights
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,10 @@ class Trainer:
         self.dtype, self.loss = dtype, loss
         impl = {} if adamw == "default" else {adamw: True}  # "default": torch's choice (a for-loop on the CPU)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, **impl)
-        self.master = MasterWeights(model) if dtype == "bf16-master" else None  # the optimizer steps the fp32 masters
+        self.master = MasterWeights(model) if dtype.startswith("bf16-master") else None  # the optimizer steps the fp32 masters
         # as aiayn train steps them: in one pass from the copies' gradients where MasterWeights.step can
-        self.fused = self.master is not None and self.master.fused_blocker(self.optimizer) is None
+        # ("bf16-master-torch": the four passes through torch's optimizer that pass replaced, for comparison)
+        self.fused = dtype == "bf16-master" and self.master is not None and self.master.fused_blocker(self.optimizer) is None
 
     def step(self, ids: Tensor, targets: Tensor) -> float:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.dtype == "bf16" else nullcontext()
@@ -321,7 +324,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="small,gpt2", help=f"comma-separated, from {', '.join(SHAPES)} (default: small,gpt2)")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated, from fp32, bf16, bf16-master (ours: bf16 "
-                   "parameters, fp32 masters; the peer: autocast) (default: fp32,bf16)")
+                   "parameters, fp32 masters; the peer: autocast), bf16-master-torch (the same, stepped through torch's "
+                   "optimizer in four passes) (default: fp32,bf16)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, the median is reported (default: 5)")
     p.add_argument("--steps", type=int, default=None, help="training steps per model per round (default: about --target-s seconds)")
     p.add_argument("--target-s", type=float, default=1.0, help="seconds per model per round when --steps is not given (default: 1)")

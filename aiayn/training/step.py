@@ -160,8 +160,8 @@ class TrainStep:
 def global_norm(grads: list[Tensor]) -> Tensor:
     """The 2-norm of all ``grads`` together: our ``norm_of_all`` (``aiayn/inference/adamw.cpp``: fp32 sums of blocks,
     added in fp64; bf16 read as it is) for fp32 and bf16 CPU tensors where the native library is built, else torch's
-    ``get_total_norm`` (FSDP's DTensors, other devices). Over GPT-2 small's fp32 gradients (AMX Xeon, 2026-12-06)
-    torch's took 49 ms and was 0.09% off the float64 value (0.27% on the 38.6 M-element embedding); ours 22.6 ms, 1e-5."""
+    ``get_total_norm`` (FSDP's DTensors, other devices). Over GPT-2 small's fp32 gradients (AMX Xeon, 2026-12-06;
+    docs/benchmarks.md) torch's took 47.6 ms and was 9e-4 off the float64 value, ours 21.2 ms and 3e-8."""
     if grads and all(type(g) is Tensor and g.device.type == "cpu" and g.dtype in (torch.float32, torch.bfloat16) for g in grads):
         if gemv.available():
             return torch.tensor(torch.ops.aiayn_native.norm_of_all([g.contiguous() for g in grads]), dtype=torch.float32)
