@@ -411,7 +411,7 @@ def _run(args: argparse.Namespace) -> list[Row]:
             # does for LM batches; fp32's library
             changed = matmul_kernels(ours, shape.batch * shape.seq_len, dtype_name)
             if dtype_name != "fp32":
-                print(f"{shape.name} {dtype_name}: ours' Linear layers with a product's rows split in two calls: {changed}")
+                print(f"{shape.name} {dtype_name}: ours' Linear layers with a product's rows split in two calls or a transpose written out: {changed}")
             row = compare(
                 shape, dtype_name, ours, peer, rounds=args.rounds, steps=args.steps, target_s=args.target_s, adamw=args.adamw,
                 loss=args.loss,

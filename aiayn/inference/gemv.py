@@ -54,9 +54,10 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("gemv.cpp")
 # The library's sources, built together into one operator library: the matrix-vector product, one query's attention,
 # GPT-2's GELU, the vector pieces they share (a header), the one-token decoding step that calls them
-# (aiayn.decoding.native_step), and training's loss, attention and master-weight optimizer step.
+# (aiayn.decoding.native_step), and training's loss, attention, transposes written out and master-weight optimizer step.
 SOURCES = (SOURCE, SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
-           SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("adamw.cpp"))
+           SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("transpose.cpp"),
+           SOURCE.with_name("adamw.cpp"))
 HEADERS = (SOURCE.with_name("simd.h"),)
 BUILD_TIMEOUT_S = 600
 

@@ -38,6 +38,7 @@ None of them builds the native kernel.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -175,34 +176,43 @@ def choose_training_kernels(weights: list[Tensor], rows: int) -> list[str]:
     return _cached(shapes, weights, TRAINING, timed, "fp32 training matmuls")
 
 
-# bf16 training: each of a layer's forward and input-gradient products with its rows in one call or two
-# (aiayn.nn.onednn_linear.RowSplitLinear): plain, the forward split, the input gradient split, both.
-ROW_SPLITS = ("plain", "split-forward", "split-input-grad", "split-both")
+# bf16 training: each of a layer's three products in the layout timed fastest (aiayn.nn.onednn_linear.RowSplitLinear):
+# the forward's rows in one call, in two, or over the weight's transpose written out; the input gradient's rows in one
+# call or two; the weight gradient from transposed views, or with x's transpose written out. A choice names the parts
+# that are not the first, joined by "+", or is "plain".
+FORWARD_LAYOUTS = {"forward": "", "forward, two calls": "split-forward", "forward, weight transposed": "transposed-forward"}
+INPUT_GRAD_LAYOUTS = {"input grad": "", "input grad, two calls": "split-input-grad"}
+WEIGHT_GRAD_LAYOUTS = {"weight grad": "", "weight grad, input transposed": "transposed-weight-grad"}
+ROW_SPLITS = tuple("+".join(p for p in parts if p) or "plain" for parts in itertools.product(
+    FORWARD_LAYOUTS.values(), INPUT_GRAD_LAYOUTS.values(), WEIGHT_GRAD_LAYOUTS.values()))
 
 
 def choose_row_splits(weights: list[Tensor], rows: int) -> list[str]:
     """Which of :data:`ROW_SPLITS` each ``weight (out, in)``'s bf16 training products take here: the forward (``rows``
-    x ``in`` into ``out``) and the input gradient (``rows`` x ``out`` into ``in``), each timed in one call and in two
-    at exactly ``rows`` rows (oneDNN's speed moves with the rows: splitting 1,024 doubled it on an AMX Xeon where
-    splitting 2,048 halved it), the fastest of three interleaved rounds; cached beside the other choices.
-    ``$AIAYN_LINEAR_KERNEL`` other than ``measure``: ``plain`` everywhere."""
+    x ``in`` into ``out``), the input gradient (``rows`` x ``out`` into ``in``) and the weight gradient, each product's
+    layouts timed at exactly ``rows`` rows (oneDNN's speed moves with the rows: splitting 1,024 doubled it on an AMX
+    Xeon where splitting 2,048 halved it; with the shape: a written-out transpose doubled GPT-2's output projection's),
+    the fastest of three interleaved rounds; cached beside the other choices. Transposes are candidates where our
+    library built. ``$AIAYN_LINEAR_KERNEL`` other than ``measure``: ``plain`` everywhere."""
     if kernel_mode() != "measure":
         return ["plain"] * len(weights)
 
     def timed(weight: Tensor) -> tuple[str, str]:
         times = _time_row_splits(weight, rows)
-        forward, grad = times["forward, two calls"] < times["forward"], times["input grad, two calls"] < times["input grad"]
-        choice = ROW_SPLITS[forward + 2 * grad]
+        parts = [min((name for name in layouts if name in times), key=times.__getitem__)
+                 for layouts in (FORWARD_LAYOUTS, INPUT_GRAD_LAYOUTS, WEIGHT_GRAD_LAYOUTS)]
+        choice = "+".join(p for p in (FORWARD_LAYOUTS[parts[0]], INPUT_GRAD_LAYOUTS[parts[1]], WEIGHT_GRAD_LAYOUTS[parts[2]]) if p) or "plain"
         return choice, ", ".join(f"{name} {t:.3f}" for name, t in times.items()) + f" ms -> {choice}"
 
-    shapes = [f"{w.shape[1]}->{w.shape[0]} bfloat16 train {rows} rows (rows in one call or two)" for w in weights]
+    shapes = [f"{w.shape[1]}->{w.shape[0]} bfloat16 train {rows} rows (product layouts)" for w in weights]
     return _cached(shapes, weights, ROW_SPLITS, timed, "bf16 training matmuls")
 
 
 def _time_row_splits(weight: Tensor, rows: int, rounds: int = 3) -> dict[str, float]:
-    """Milliseconds of ``weight``'s bf16 forward and input-gradient products over ``rows`` rows, each in one call and
-    in two (:func:`aiayn.nn.onednn_linear.split_product`)."""
-    from aiayn.nn.onednn_linear import split_product
+    """Milliseconds of ``weight``'s bf16 training products over ``rows`` rows in each layout of :data:`FORWARD_LAYOUTS`,
+    :data:`INPUT_GRAD_LAYOUTS` and :data:`WEIGHT_GRAD_LAYOUTS` (the transposes only where our library built), each
+    written-out transpose timed with its product."""
+    from aiayn.nn.onednn_linear import split_product, transpose
 
     w = weight.detach().to(torch.bfloat16)
     x = torch.randn(rows, w.shape[1], dtype=torch.bfloat16)
@@ -212,7 +222,11 @@ def _time_row_splits(weight: Tensor, rows: int, rounds: int = 3) -> dict[str, fl
         "forward, two calls": lambda: split_product(x, w.t(), None, True),
         "input grad": lambda: split_product(grad, w, None, False),
         "input grad, two calls": lambda: split_product(grad, w, None, True),
+        "weight grad": lambda: grad.t().mm(x),
     }
+    if gemv_available():
+        runs["forward, weight transposed"] = lambda: x.mm(transpose(w))
+        runs["weight grad, input transposed"] = lambda: transpose(transpose(x).mm(grad))
     return _fastest_rounds(runs, rounds)
 
 

@@ -17,8 +17,10 @@ torch 2.13) oneDNN's bf16 product of 1,024 rows into 768 outputs ran at 1.1-1.3 
 calls of 512 ran at 1.9-2.1 (GPT-2 small's attention output and second FFN layer forward, and the input gradients of
 its Q/K/V, first FFN layer and output projection); at 2,048 rows the split halved the speed instead. So for a batch
 of fixed rows (language modelling), :func:`use_training_kernels` times, per shape at exactly those rows, the forward
-and the input gradient each in one call and in two (:func:`~aiayn.inference.kernel_choice.choose_row_splits`), and
-gives the layers where a split won a forward through :class:`RowSplitLinearFunction`.
+and the input gradient each in one call and in two, and the forward and the weight gradient from transposed views or
+with a transpose written out (:func:`~aiayn.inference.kernel_choice.choose_row_splits`: GPT-2's output projection runs
+both twice as fast from written-out transposes), and gives the layers where another layout won a forward through
+:class:`RowSplitLinearFunction`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["OneDNNLinear", "OneDNNLinearFunction", "RowSplitLinear", "RowSplitLinearFunction", "linear", "split_product",
+__all__ = ["OneDNNLinear", "OneDNNLinearFunction", "RowSplitLinear", "RowSplitLinearFunction", "layout_flags", "linear", "split_product", "transpose",
            "training_kernel_choice", "training_kernel_layers", "use_training_kernels"]
 
 log = logging.getLogger(__name__)
@@ -104,15 +106,21 @@ def split_product(a: Tensor, b: Tensor, bias: Tensor | None, split: bool) -> Ten
 
 
 class RowSplitLinearFunction(torch.autograd.Function):
-    """``F.linear`` over bf16 tensors whose forward and input-gradient products each take their rows in one call or in
-    two (``split_forward``, ``split_input_grad``); the weight gradient is one call."""
+    """``F.linear`` over bf16 tensors in the layout timed fastest here (:func:`layout_flags`): the forward's rows in one
+    call or two, or over the weight's transpose written out (``transpose_forward``); the input gradient's rows in one
+    call or two; the weight gradient as ``(dL/dy)^T x``, or (``transpose_weight_grad``) as ``(x^T dL/dy)^T`` with
+    ``x^T`` written out. oneDNN copies a transposed operand into its own layout at every call, which costs most where
+    the operand is large: GPT-2's output projection (50257 x 768) ran its forward and weight gradient at 1.1-1.2
+    TFLOP/s from transposed views and at 2.2-2.4 from written-out transposes (AMX Xeon, 2026-12-06)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, split_forward: bool, split_input_grad: bool) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, split_forward: bool, split_input_grad: bool,
+                transpose_forward: bool = False, transpose_weight_grad: bool = False) -> Tensor:
         rows = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(rows, weight)
-        ctx.has_bias, ctx.split_input_grad = bias is not None, split_input_grad
-        return split_product(rows, weight.t(), bias, split_forward).view(*x.shape[:-1], weight.shape[0])
+        ctx.has_bias, ctx.split_input_grad, ctx.transpose_weight_grad = bias is not None, split_input_grad, transpose_weight_grad
+        right = transpose(weight) if transpose_forward else weight.t()
+        return split_product(rows, right, bias, split_forward and not transpose_forward).view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
@@ -122,19 +130,37 @@ class RowSplitLinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = split_product(grad_rows, weight, None, ctx.split_input_grad).view(*grad_out.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:
-            grad_w = grad_rows.t().mm(rows)  # (dL/dy)^T x
+            # (dL/dy)^T x, or its transpose's transpose: x^T (in, rows) @ dL/dy (rows, out), both laid out as read
+            grad_w = transpose(transpose(rows).mm(grad_rows)) if ctx.transpose_weight_grad else grad_rows.t().mm(rows)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_rows.sum(0)
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def transpose(x: Tensor) -> Tensor:
+    """``x.t()`` written contiguous, by our tiled kernel (``aiayn_native::transpose``; torch's copy of a transposed view
+    took 85 ms over a 50257 x 768 bf16 matrix where ours took 15, AMX Xeon, 2026-12-06). Only called where the
+    training choice timed it, so where the library built."""
+    return torch.ops.aiayn_native.transpose(x)
+
+
+def layout_flags(choice: str) -> dict[str, bool]:
+    """A bf16 training choice (:data:`~aiayn.inference.kernel_choice.ROW_SPLITS`: ``plain`` or ``+``-joined parts) as
+    :class:`RowSplitLinear`'s four flags."""
+    parts = set() if choice == "plain" else set(choice.split("+"))
+    return {"split_forward": "split-forward" in parts, "split_input_grad": "split-input-grad" in parts,
+            "transpose_forward": "transposed-forward" in parts, "transpose_weight_grad": "transposed-weight-grad" in parts}
 
 
 class RowSplitLinear(nn.Linear):
-    """An ``nn.Linear`` whose bf16 training products split their rows where timed faster here (``split_forward``,
-    ``split_input_grad``, set by :func:`use_training_kernels`); fp32 without autocast, other devices and graphs being
-    compiled run ``F.linear``. Its state is ``nn.Linear``'s."""
+    """An ``nn.Linear`` whose bf16 training products take the layout timed faster here (split rows, transposes written
+    out: :class:`RowSplitLinearFunction`'s flags, set by :func:`use_training_kernels`); fp32 without autocast, other
+    devices and graphs being compiled run ``F.linear``. Its state is ``nn.Linear``'s."""
 
     split_forward = False
     split_input_grad = False
+    transpose_forward = False
+    transpose_weight_grad = False
 
     def forward(self, x: Tensor) -> Tensor:
         return self.product(x, self.weight, self.bias)
@@ -147,7 +173,8 @@ class RowSplitLinear(nn.Linear):
         if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu" or x.numel() == 0
                 or torch.compiler.is_compiling()):
             return F.linear(x, weight, bias)
-        return RowSplitLinearFunction.apply(x, weight, bias, self.split_forward, self.split_input_grad)
+        return RowSplitLinearFunction.apply(x, weight, bias, self.split_forward, self.split_input_grad, self.transpose_forward,
+                                            self.transpose_weight_grad)
 
 
 def training_kernel_layers(model: nn.Module) -> list[nn.Linear]:
@@ -212,11 +239,11 @@ def use_training_kernels(model: nn.Module, rows: int, *, kernels: list[str] | No
         for layer, kernel in zip(layers, chosen):
             if kernel != "plain":
                 layer.__class__ = RowSplitLinear
-                layer.split_forward = kernel in ("split-forward", "split-both")  # type: ignore[assignment]
-                layer.split_input_grad = kernel in ("split-input-grad", "split-both")  # type: ignore[assignment]
+                for flag, value in layout_flags(kernel).items():
+                    setattr(layer, flag, value)
         count = len(chosen) - chosen.count("plain")
-        log.info("bf16 training matmuls: rows split in two calls for %d of %d Linear layers (timed per shape at %d rows "
-                 "here)", count, len(layers), rows)
+        log.info("bf16 training matmuls: rows split in two calls or a transpose written out for %d of %d Linear layers "
+                 "(timed per shape at %d rows here)", count, len(layers), rows)
         return count
     for layer, kernel in zip(layers, chosen):
         if kernel == "onednn":

@@ -1,7 +1,8 @@
-"""bf16 training's Linear layers with a product's rows in one call or two (aiayn.nn.onednn_linear.RowSplitLinear): the
-values and gradients of ``F.linear`` (against float64, within bf16's rounding, and against each other), under
-autocast and on bf16 weights, the same state, and a choice per shape at the batch's exact rows that is timed, cached
-and overridable (aiayn.inference.kernel_choice.choose_row_splits); an LM run with it resumes bit for bit."""
+"""bf16 training's Linear layers with each product in the layout timed fastest: rows in one call or two, transposes
+written out (aiayn.nn.onednn_linear.RowSplitLinear): the values and gradients of ``F.linear`` (against float64, within
+bf16's rounding, and against each other), under autocast and on bf16 weights, the same state, and a choice per shape at
+the batch's exact rows that is timed, cached and overridable (aiayn.inference.kernel_choice.choose_row_splits); an LM
+run with it resumes bit for bit. The transpose kernel equals ``x.t().contiguous()``."""
 
 import json
 import logging
@@ -13,17 +14,21 @@ from loop_fixtures import lm_config
 from torch import nn
 
 from aiayn.checkpoint.weights import read_safetensors
-from aiayn.inference import kernel_choice
-from aiayn.nn.onednn_linear import RowSplitLinear, RowSplitLinearFunction, split_product, use_training_kernels
+from aiayn.inference import gemv, kernel_choice
+from aiayn.nn.onednn_linear import RowSplitLinear, RowSplitLinearFunction, layout_flags, split_product, transpose, use_training_kernels
 from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
 
-SPLITS = [(False, False), (True, False), (False, True), (True, True)]
+SPLITS = [(False, False), (True, False), (False, True), (True, True)]  # (forward, input gradient) rows in two calls
+TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]  # (forward, weight gradient) transposes written out
+native = pytest.mark.skipif(not gemv.available(), reason="our C++ library did not build here (aiayn.inference.gemv)")
 
 
 @pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("transposes", [(False, False), pytest.param((True, True), marks=native), pytest.param((True, False), marks=native),
+                                        pytest.param((False, True), marks=native)])
 @pytest.mark.parametrize("splits", SPLITS)
-def test_values_and_gradients_are_f_linears(bias, splits, linear_results):
+def test_values_and_gradients_are_f_linears(bias, splits, transposes, linear_results):
     g = torch.Generator().manual_seed(0)
     x64 = torch.randn(3, 7, 24, generator=g, dtype=torch.float64)  # 21 rows: an odd count splits 10 + 11
     w64 = torch.randn(40, 24, generator=g, dtype=torch.float64) / 5
@@ -36,7 +41,7 @@ def test_values_and_gradients_are_f_linears(bias, splits, linear_results):
     def run(fn, dtype):
         return linear_results(fn, dtype, x64, w64, b64, grad64)
 
-    ours = run(lambda x, w, b: RowSplitLinearFunction.apply(x, w, b, *splits), torch.bfloat16)
+    ours = run(lambda x, w, b: RowSplitLinearFunction.apply(x, w, b, *splits, *transposes), torch.bfloat16)
     plain = run(lambda x, w, b: RowSplitLinearFunction.apply(x, w, b, False, False), torch.bfloat16)
     torch_bf16 = run(F.linear, torch.bfloat16)
     reference = run(F.linear, torch.float64)
@@ -45,6 +50,27 @@ def test_values_and_gradients_are_f_linears(bias, splits, linear_results):
         torch.testing.assert_close(a, d, rtol=1e-2, atol=2e-2, msg=name)  # the bf16 result's rounding
         torch.testing.assert_close(a, b, rtol=8e-3, atol=1e-2, msg=name)  # split or not: the same sums
         torch.testing.assert_close(a, c, rtol=8e-3, atol=1e-2, msg=name)
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64, torch.int8])
+def test_the_transpose_kernel_is_torchs(dtype):
+    """Every register block and edge: sizes off the 8- and 16-element blocks and the 64 x 256 tiles, a row-strided view,
+    one row, no rows; 1- and 8-byte elements through torch's copy."""
+    g = torch.Generator().manual_seed(0)
+    for rows, cols in ((1, 1), (3, 17), (16, 16), (70, 300), (300, 70), (257, 1), (0, 5)):
+        x = (torch.randn(rows, cols + 3, generator=g) * 50).to(dtype)[:, 2:cols + 2]  # a view: rows cols + 3 apart
+        got = transpose(x)
+        assert got.is_contiguous() and got.dtype == dtype and torch.equal(got, x.t()), (rows, cols)
+    with pytest.raises(RuntimeError, match="2-D CPU tensor"):
+        transpose(torch.zeros(2, 2, 2))
+
+
+def test_layout_flags_read_every_choice():
+    flags = [layout_flags(choice) for choice in kernel_choice.ROW_SPLITS]
+    assert flags[0] == dict.fromkeys(("split_forward", "split_input_grad", "transpose_forward", "transpose_weight_grad"), False)
+    assert len({tuple(f.values()) for f in flags}) == len(kernel_choice.ROW_SPLITS) == 12  # 3 forwards x 2 x 2
+    assert not any(f["split_forward"] and f["transpose_forward"] for f in flags)
 
 
 def test_split_product_writes_both_halves():
@@ -85,10 +111,12 @@ def test_the_choice_is_timed_at_the_exact_rows_cached_and_obeyed(tmp_path, monke
     monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)  # a quiet machine (the other test worker is not)
     timed = []
 
-    def fake(weight, rows):  # 8 -> 16: the input gradient faster split; 16 -> 8: the forward; 8 -> 8: neither
-        timed.append((tuple(weight.shape), rows))
+    def fake(weight, rows):  # 8 -> 16: the input gradient faster split; 16 -> 8: the forward, and the weight gradient
+        timed.append((tuple(weight.shape), rows))  # transposed; 8 -> 8: none (and a transposed forward slower)
         grad_split, forward_split = {(16, 8): (1.0, 2.0), (8, 16): (2.0, 1.0), (8, 8): (2.0, 2.0)}[tuple(weight.shape)]
-        return {"forward": 1.5, "forward, two calls": forward_split, "input grad": 1.5, "input grad, two calls": grad_split}
+        return {"forward": 1.5, "forward, two calls": forward_split, "input grad": 1.5, "input grad, two calls": grad_split,
+                "weight grad": 1.5, "forward, weight transposed": 1.6,
+                "weight grad, input transposed": 1.0 if tuple(weight.shape) == (8, 16) else 2.0}
 
     monkeypatch.setattr(kernel_choice, "_time_row_splits", fake)
     model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8), nn.Linear(8, 8), nn.Linear(8, 16))
@@ -96,13 +124,14 @@ def test_the_choice_is_timed_at_the_exact_rows_cached_and_obeyed(tmp_path, monke
     with caplog.at_level(logging.INFO, logger="aiayn.inference.kernel_choice"):
         assert use_training_kernels(model, rows=1024, dtype=torch.bfloat16) == 3
     assert [type(m) for m in model] == [RowSplitLinear, RowSplitLinear, nn.Linear, RowSplitLinear]
-    assert [(m.split_forward, m.split_input_grad) for m in (model[0], model[1], model[3])] == [(False, True), (True, False), (False, True)]
+    assert [(m.split_forward, m.split_input_grad, m.transpose_forward, m.transpose_weight_grad) for m in (model[0], model[1], model[3])] == [
+        (False, True, False, False), (True, False, False, True), (False, True, False, False)]
     assert sorted(timed) == [((8, 8), 1024), ((8, 16), 1024), ((16, 8), 1024)]  # each shape once, at the rows given (no cap)
-    assert "8->16 bfloat16 train 1024 rows (rows in one call or two): forward 1.500, forward, two calls 2.000" in caplog.text
+    assert "8->16 bfloat16 train 1024 rows (product layouts): forward 1.500, forward, two calls 2.000" in caplog.text
     table = json.loads((tmp_path / "aiayn" / "kernels.json").read_text())[kernel_choice.machine_key()]
-    assert table == {"8->16 bfloat16 train 1024 rows (rows in one call or two)": "split-input-grad",
-                     "16->8 bfloat16 train 1024 rows (rows in one call or two)": "split-forward",
-                     "8->8 bfloat16 train 1024 rows (rows in one call or two)": "plain"}
+    assert table == {"8->16 bfloat16 train 1024 rows (product layouts)": "split-input-grad",
+                     "16->8 bfloat16 train 1024 rows (product layouts)": "split-forward+transposed-weight-grad",
+                     "8->8 bfloat16 train 1024 rows (product layouts)": "plain"}
     assert list(model.state_dict()) == keys
 
     monkeypatch.setattr(kernel_choice, "_time_row_splits", lambda w, rows: pytest.fail("timed a shape the cache decides"))
@@ -117,20 +146,25 @@ def test_the_choice_is_timed_at_the_exact_rows_cached_and_obeyed(tmp_path, monke
     assert use_training_kernels(plain, rows=1024, dtype=torch.bfloat16) == 0 and type(plain[0]) is nn.Linear
 
 
-def test_the_real_timing_returns_four_times():
+def test_the_real_timing_times_each_layout():
     times = kernel_choice._time_row_splits(torch.randn(16, 8), rows=32)
-    assert set(times) == {"forward", "forward, two calls", "input grad", "input grad, two calls"} and min(times.values()) > 0
+    layouts = {**kernel_choice.FORWARD_LAYOUTS, **kernel_choice.INPUT_GRAD_LAYOUTS, **kernel_choice.WEIGHT_GRAD_LAYOUTS}
+    transposed = {name for name, part in layouts.items() if part.startswith("transposed")}
+    assert set(times) == set(layouts) - (set() if gemv.available() else transposed) and min(times.values()) > 0
 
 
-@pytest.mark.parametrize("precision", ["bf16", "bf16-master"])
-def test_an_lm_run_splits_where_chosen_and_resumes_bit_for_bit(tmp_path, monkeypatch, caplog, precision):
-    """``aiayn train`` of a language model in bf16 takes the row splits (here forced, every product split): 6 steps
-    straight == 3 steps, stop, resume to 6, and its loss stays the unsplit run's within bf16 rounding."""
+@pytest.mark.parametrize(("precision", "layout"), [
+    ("bf16", "split-forward+split-input-grad"), ("bf16-master", "split-forward+split-input-grad"),
+    pytest.param("bf16-master", "transposed-forward+split-input-grad+transposed-weight-grad", marks=native)])
+def test_an_lm_run_splits_where_chosen_and_resumes_bit_for_bit(tmp_path, monkeypatch, caplog, precision, layout):
+    """``aiayn train`` of a language model in bf16 takes the layouts chosen (here forced for every layer: rows split, or
+    transposes written out): 6 steps straight == 3 steps, stop, resume to 6, and its loss stays the plain run's within
+    bf16 rounding."""
     chosen = []
 
     def forced(weights, rows):
         chosen.append(rows)
-        return ["split-both"] * len(weights)
+        return [layout] * len(weights)
 
     def config(name: str, **loop: object):
         return lm_config(tmp_path / name, steps=6, save_every=3, eval_every=6, precision=precision, **loop)
@@ -139,7 +173,7 @@ def test_an_lm_run_splits_where_chosen_and_resumes_bit_for_bit(tmp_path, monkeyp
     monkeypatch.setattr(kernel_choice, "choose_row_splits", forced)
     with caplog.at_level(logging.INFO, logger="aiayn.nn.onednn_linear"):
         straight = train(config("a"))
-    assert "bf16 training matmuls: rows split in two calls for 13 of 13 Linear layers (timed per shape at 64 rows" in caplog.text
+    assert "bf16 training matmuls: rows split in two calls or a transpose written out for 13 of 13 Linear layers (timed per shape at 64 rows" in caplog.text
     train(config("b", stop_after=3))
     resumed = train(config("b"))
     assert chosen == [4 * 16] * 3  # each run chose once, at its batches' rows (4 windows of 16)
@@ -162,7 +196,7 @@ def test_self_attentions_fused_product_is_timed_and_run_at_its_own_shape(tmp_pat
 
     def fake(weight, rows):
         timed.append(tuple(weight.shape))
-        return {"forward": 2.0, "forward, two calls": 1.0, "input grad": 2.0, "input grad, two calls": 1.0}
+        return {"forward": 2.0, "forward, two calls": 1.0, "input grad": 2.0, "input grad, two calls": 1.0, "weight grad": 1.0}
 
     monkeypatch.setattr(kernel_choice, "_time_row_splits", fake)
     torch.manual_seed(0)
