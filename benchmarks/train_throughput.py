@@ -19,8 +19,9 @@ as the output projection's matmul), ``L`` layers, ``d`` d_model, ``T`` sequence 
 is model FLOP/s over a peak measured here: the best of several large square matmuls in fp32 and bf16, by each of
 torch's two matmul libraries (``torch.mm``, which is MKL in fp32, and oneDNN), the faster library's: on a Zen 5
 EPYC MKL's fp32 ran at half of oneDNN's. Ours trains its fp32 Linear layers with whichever library was timed
-faster per shape, and its bf16 products with their rows in one call or two, whichever was timed faster per shape at
-the batch's rows (``aiayn.nn.onednn_linear``, as ``aiayn train`` does); the peer keeps torch's default. Both run
+faster per shape, its bf16 products in the layout timed faster per shape at the batch's rows (rows in one call or two,
+transposes written out or not: ``aiayn.nn.onednn_linear``), and its tied table's gradient as rows
+(``aiayn.nn.embedding.use_row_gradients``), as ``aiayn train`` does; the peer keeps torch's default. Both run
 under the ``aiayn`` command's allocator (:mod:`aiayn.allocator`: mimalloc where installed, holding freed memory for
 ten steps' time as training does; ``AIAYN_ALLOCATOR=system`` for glibc's malloc).
 ``bf16-master-torch`` steps the same master weights through torch's fused AdamW (the bf16 gradients widened into
@@ -55,6 +56,7 @@ from aiayn import build_model
 from aiayn.allocator import describe, hold_freed_memory, reexec_with_allocator
 from aiayn.cpu import cpu_summary
 from aiayn.inference.precision import native_bf16
+from aiayn.nn.embedding import use_row_gradients
 from aiayn.nn.onednn_linear import OneDNNLinear, RowSplitLinear, use_training_kernels
 from aiayn.training.config import LoopSection
 from aiayn.training.losses import IGNORE_INDEX, label_smoothed_cross_entropy
@@ -398,6 +400,7 @@ def _run(args: argparse.Namespace) -> list[Row]:
         ours, peer = build_pair(shape, peer_activation=args.peer_activation, ours_attention=args.ours_attention)
         a, b = check_same_loss(shape, ours, peer)
         onednn = matmul_kernels(ours, shape.batch * shape.seq_len, "fp32")  # as `aiayn train` does in fp32
+        use_row_gradients(ours)  # as `aiayn train` does for language models: the tied table's gradient from its rows
         if args.compile:
             ours, peer = torch.compile(ours), torch.compile(peer)
         n_params = sum(p.numel() for p in ours.parameters())

@@ -43,6 +43,7 @@ from aiayn.evaluation.during_training import bleu_eval_hook
 from aiayn.inference.kernel_choice import adopt_native, choose_native
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
+from aiayn.nn.embedding import use_row_gradients
 from aiayn.nn.onednn_linear import training_kernel_choice, use_training_kernels
 from aiayn.pretrained import LABELS_FILE
 from aiayn.tokenization.compat import check_tokenizer_fits
@@ -217,6 +218,10 @@ def _train(
             kernels = all_gather_objects(training_kernel_choice(model, rows, matmul_dtype) if dist_info.is_main else None,
                                          dist_info)[0]
         use_training_kernels(model, rows, kernels=kernels, dtype=matmul_dtype)
+    if device.type == "cpu" and not fsdp and not loop.compile and config.data.task in ("lm", "translation"):
+        if use_row_gradients(model):  # tied embeddings' gradients as their rows, added into the output projection's
+            log.info("tied embedding: its lookup's gradient passed back as rows (a sparse tensor), added into the output "
+                     "projection's dense one")
     if device.type == "cpu":
         # our kernels or torch's for GPT-2's GELU and for the loss, timed once here (rank 0 alone, as above) rather than
         # in the first step

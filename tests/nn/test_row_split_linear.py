@@ -15,7 +15,14 @@ from torch import nn
 
 from aiayn.checkpoint.weights import read_safetensors
 from aiayn.inference import gemv, kernel_choice
-from aiayn.nn.onednn_linear import RowSplitLinear, RowSplitLinearFunction, layout_flags, split_product, transpose, use_training_kernels
+from aiayn.nn.onednn_linear import (
+    RowSplitLinear,
+    RowSplitLinearFunction,
+    layout_flags,
+    split_product,
+    transpose,
+    use_training_kernels,
+)
 from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
 
