@@ -6,7 +6,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__AVX2__)
 #include <immintrin.h>
+#endif
 
 namespace {
 
@@ -62,8 +67,8 @@ inline void block16(const uint16_t* x, int64_t sx, uint16_t* out, int64_t so) {
 #endif
 
 // out (cols, rows) = x (rows, cols)^T with x's rows sx elements apart; threads take bands of kTile columns (each a
-// band of the output's rows, so no two threads write one cache line), tiles of kTile rows in turn, and within a tile
-// the register blocks above (B x B elements), elements off the blocks one by one.
+// band of the output's rows, so no two threads write one cache line), tiles of kRows rows in turn, and within a tile
+// the register blocks above (B x B elements), elements off the blocks one by one (everything, without AVX2).
 template <typename T>
 void transpose_tiles(const T* x, int64_t rows, int64_t cols, int64_t sx, T* out) {
   constexpr int64_t B = sizeof(T) == 2 ? 16 : 8;
