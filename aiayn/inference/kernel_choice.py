@@ -183,7 +183,14 @@ def choose_training_kernels(weights: list[Tensor], rows: int) -> list[str]:
 FORWARD_LAYOUTS = {"forward": "", "forward, two calls": "split-forward", "forward, weight transposed": "transposed-forward"}
 INPUT_GRAD_LAYOUTS = {"input grad": "", "input grad, two calls": "split-input-grad"}
 WEIGHT_GRAD_LAYOUTS = {"weight grad": "", "weight grad, input transposed": "transposed-weight-grad"}
-ROW_SPLITS = tuple("+".join(p for p in parts if p) or "plain" for parts in itertools.product(
+
+
+def _layout_name(parts: Sequence[str]) -> str:
+    """A bf16 training choice's name: its parts that are not the first layout of their product, joined by "+"."""
+    return "+".join(p for p in parts if p) or "plain"
+
+
+ROW_SPLITS = tuple(_layout_name(parts) for parts in itertools.product(
     FORWARD_LAYOUTS.values(), INPUT_GRAD_LAYOUTS.values(), WEIGHT_GRAD_LAYOUTS.values()))
 
 
@@ -199,9 +206,8 @@ def choose_row_splits(weights: list[Tensor], rows: int) -> list[str]:
 
     def timed(weight: Tensor) -> tuple[str, str]:
         times = _time_row_splits(weight, rows)
-        parts = [min((name for name in layouts if name in times), key=times.__getitem__)
-                 for layouts in (FORWARD_LAYOUTS, INPUT_GRAD_LAYOUTS, WEIGHT_GRAD_LAYOUTS)]
-        choice = "+".join(p for p in (FORWARD_LAYOUTS[parts[0]], INPUT_GRAD_LAYOUTS[parts[1]], WEIGHT_GRAD_LAYOUTS[parts[2]]) if p) or "plain"
+        choice = _layout_name([layouts[min((name for name in layouts if name in times), key=times.__getitem__)]
+                               for layouts in (FORWARD_LAYOUTS, INPUT_GRAD_LAYOUTS, WEIGHT_GRAD_LAYOUTS)])
         return choice, ", ".join(f"{name} {t:.3f}" for name, t in times.items()) + f" ms -> {choice}"
 
     shapes = [f"{w.shape[1]}->{w.shape[0]} bfloat16 train {rows} rows (product layouts)" for w in weights]
@@ -212,21 +218,21 @@ def _time_row_splits(weight: Tensor, rows: int, rounds: int = 3) -> dict[str, fl
     """Milliseconds of ``weight``'s bf16 training products over ``rows`` rows in each layout of :data:`FORWARD_LAYOUTS`,
     :data:`INPUT_GRAD_LAYOUTS` and :data:`WEIGHT_GRAD_LAYOUTS` (the transposes only where our library built), each
     written-out transpose timed with its product."""
-    from aiayn.nn.onednn_linear import split_product, transpose
+    from aiayn.nn.onednn_linear import forward_product, split_product, weight_grad_product
 
     w = weight.detach().to(torch.bfloat16)
     x = torch.randn(rows, w.shape[1], dtype=torch.bfloat16)
     grad = torch.randn(rows, w.shape[0], dtype=torch.bfloat16)
     runs: dict[str, Callable[[], object]] = {
-        "forward": lambda: split_product(x, w.t(), None, False),
-        "forward, two calls": lambda: split_product(x, w.t(), None, True),
+        "forward": lambda: forward_product(x, w, None, False, False),
+        "forward, two calls": lambda: forward_product(x, w, None, True, False),
         "input grad": lambda: split_product(grad, w, None, False),
         "input grad, two calls": lambda: split_product(grad, w, None, True),
-        "weight grad": lambda: grad.t().mm(x),
+        "weight grad": lambda: weight_grad_product(grad, x, False),
     }
     if gemv_available():
-        runs["forward, weight transposed"] = lambda: x.mm(transpose(w))
-        runs["weight grad, input transposed"] = lambda: transpose(transpose(x).mm(grad))
+        runs["forward, weight transposed"] = lambda: forward_product(x, w, None, False, True)
+        runs["weight grad, input transposed"] = lambda: weight_grad_product(grad, x, True)
     return _fastest_rounds(runs, rounds)
 
 

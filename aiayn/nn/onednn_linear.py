@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["OneDNNLinear", "OneDNNLinearFunction", "RowSplitLinear", "RowSplitLinearFunction", "layout_flags", "linear", "split_product", "transpose",
+__all__ = ["OneDNNLinear", "OneDNNLinearFunction", "RowSplitLinear", "RowSplitLinearFunction", "forward_product", "layout_flags", "linear", "split_product", "transpose",
+           "weight_grad_product",
            "training_kernel_choice", "training_kernel_layers", "use_training_kernels"]
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,7 @@ class RowSplitLinearFunction(torch.autograd.Function):
         rows = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(rows, weight)
         ctx.has_bias, ctx.split_input_grad, ctx.transpose_weight_grad = bias is not None, split_input_grad, transpose_weight_grad
-        right = transpose(weight) if transpose_forward else weight.t()
-        return split_product(rows, right, bias, split_forward and not transpose_forward).view(*x.shape[:-1], weight.shape[0])
+        return forward_product(rows, weight, bias, split_forward, transpose_forward).view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
@@ -130,11 +130,25 @@ class RowSplitLinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = split_product(grad_rows, weight, None, ctx.split_input_grad).view(*grad_out.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:
-            # (dL/dy)^T x, or its transpose's transpose: x^T (in, rows) @ dL/dy (rows, out), both laid out as read
-            grad_w = transpose(transpose(rows).mm(grad_rows)) if ctx.transpose_weight_grad else grad_rows.t().mm(rows)
+            grad_w = weight_grad_product(grad_rows, rows, ctx.transpose_weight_grad)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad_rows.sum(0)
         return grad_x, grad_w, grad_b, None, None, None, None
+
+
+def forward_product(rows: Tensor, weight: Tensor, bias: Tensor | None, split: bool, transposed: bool) -> Tensor:
+    """``rows @ weight^T (+ bias)``: over the weight's transpose written out (``transposed``), or over a transposed view
+    with the rows in one call or (``split``) two. The layer runs it and the training choice times it."""
+    if transposed:
+        return split_product(rows, transpose(weight), bias, False)
+    return split_product(rows, weight.t(), bias, split)
+
+
+def weight_grad_product(grad_rows: Tensor, rows: Tensor, transposed: bool) -> Tensor:
+    """``(dL/dy)^T x`` from transposed views, or (``transposed``) as ``(x^T dL/dy)^T``: ``x^T (in, rows) @ dL/dy
+    (rows, out)`` with ``x^T`` written out, and its result transposed back. The layer runs it and the training choice
+    times it."""
+    return transpose(transpose(rows).mm(grad_rows)) if transposed else grad_rows.t().mm(rows)
 
 
 def transpose(x: Tensor) -> Tensor:
