@@ -4,10 +4,13 @@
 interleaved rounds, with the same data:
 
 - ``--take-back transposes``: bf16 products' written-out transposes (the rows in one call or two kept as chosen);
-- ``--take-back row-gradients``: the tied embedding's gradient as a whole table again.
+- ``--take-back row-gradients``: the tied embedding's gradient as a whole table again;
+- ``--take-back tiles``: bf16 training attention on matrix tiles (``attention_tiles.cpp``), where timed faster, back
+  to our kernel in fp32 arithmetic (``attention_train.cpp``) for the other model's steps.
 
     python benchmarks/train_ablation.py --take-back transposes --shape gpt2 --dtype bf16-master --steps 2 --rounds 7
     python benchmarks/train_ablation.py --take-back row-gradients --shape gpt2 --dtype fp32 --steps 1 --rounds 5
+    python benchmarks/train_ablation.py --take-back tiles --shape gpt2 --dtype bf16-master --steps 2 --rounds 7
     python benchmarks/train_ablation.py --quick          # a tiny shape, 2 rounds of 1 step (a smoke test in seconds)
 
 Prints what was taken back, the first losses of both (equal up to rounding), and the median milliseconds a step.
@@ -16,11 +19,12 @@ Prints what was taken back, the first losses of both (equal up to rounding), and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -28,6 +32,7 @@ from torch import nn
 
 from aiayn.allocator import hold_freed_memory, reexec_with_allocator
 from aiayn.cpu import cpu_summary
+from aiayn.inference import kernel_choice
 from aiayn.nn.embedding import TokenEmbedding, use_row_gradients
 from aiayn.nn.onednn_linear import RowSplitLinear
 from aiayn.training.config import LoopSection
@@ -59,7 +64,24 @@ def take_back_row_gradients(model: nn.Module) -> list[str]:
     return [f"tied tables with row gradients: {', '.join(tables) or 'none'}"]
 
 
-TAKE_BACK = {"transposes": take_back_transposes, "row-gradients": take_back_row_gradients}
+def take_back_tiles(model: nn.Module) -> list[str]:
+    """Nothing in ``model`` changes: the attention kernel is chosen per shape for the process (:func:`without_tiles`)."""
+    return ["training attention on matrix tiles taken back to ours in fp32 arithmetic, where it was chosen"]
+
+
+@contextlib.contextmanager
+def without_tiles() -> Iterator[None]:
+    """The process's training attention choices with ``native-tiles`` read as ``native`` meanwhile."""
+    chosen = dict(kernel_choice._TRAINING_CHOSEN)
+    kernel_choice._TRAINING_CHOSEN.update({key: "native" for key, name in chosen.items() if name == "native-tiles"})
+    try:
+        yield
+    finally:
+        kernel_choice._TRAINING_CHOSEN.update(chosen)
+
+
+TAKE_BACK = {"transposes": take_back_transposes, "row-gradients": take_back_row_gradients, "tiles": take_back_tiles}
+AROUND = {"tiles": without_tiles}  # what the taken-back model's steps run inside, where the choice is not the model's
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
@@ -93,9 +115,13 @@ def _run(args: argparse.Namespace, shape: Shape) -> dict[str, float]:
     taken = f"without {args.take_back}"
     trainers = {"as aiayn train": Trainer(ours, ours_logits, args.dtype, "fused", own_loss),
                 taken: Trainer(without, ours_logits, args.dtype, "fused", own_loss)}
+    around = {"as aiayn train": contextlib.nullcontext, taken: AROUND.get(args.take_back, contextlib.nullcontext)}
     data = torch.randint(shape.vocab_size, (shape.batch, shape.seq_len + 1), generator=torch.Generator().manual_seed(0))
     ids, targets = data[:, :-1], data[:, 1:]
-    first = {name: [round(t.step(ids, targets), 5) for _ in range(2)] for name, t in trainers.items()}  # and warm-up
+    first = {}
+    for name, t in trainers.items():  # and warm-up
+        with around[name]():
+            first[name] = [round(t.step(ids, targets), 5) for _ in range(2)]
     print(f"first losses: {first}")
     start = time.perf_counter()
     trainers["as aiayn train"].step(ids, targets)
@@ -103,9 +129,10 @@ def _run(args: argparse.Namespace, shape: Shape) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in trainers}
     for r in range(args.rounds):
         for name in (list(trainers) if r % 2 == 0 else list(reversed(trainers))):
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                trainers[name].step(ids, targets)
+            with around[name]():
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    trainers[name].step(ids, targets)
             times[name].append((time.perf_counter() - start) / args.steps * 1e3)
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name, t in times.items():

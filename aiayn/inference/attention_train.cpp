@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_tiles.h"
 #include "simd.h"
 
 namespace {
@@ -305,27 +306,32 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
   });
 }
 
-void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const char* name) {
+void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, bool tiles, const char* name) {
   TORCH_CHECK(q.device().is_cpu() && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16), name,
               ": q must be a float32 or bfloat16 CPU tensor, got ", q.scalar_type(), " on ", q.device());
   TORCH_CHECK(q.dim() == 4 && k.sizes() == v.sizes() && k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
                   k.size(3) == q.size(3) && k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               name, ": q (B, H, T, D), k and v (B, H, S, D) of q's dtype, got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(q.size(3) % 16 == 0, name, ": the head dimension must be a multiple of 16, got ", q.size(3));
+  TORCH_CHECK(tiles || q.size(3) % 16 == 0, name, ": the head dimension must be a multiple of 16, got ", q.size(3));
   TORCH_CHECK(!causal || q.size(2) == k.size(2), name, ": causal attention needs as many keys as queries");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, name, ": the head dimension must be contiguous");
+  TORCH_CHECK(!tiles || q.scalar_type() == at::kFloat || aiayn_tiles::pairs_ready(), name,
+              ": torch's small-matrix kernel takes no packed bf16 operands of our layout on this CPU (tiles=False runs here)");
 }
 
 // (B, H, n, D) laid out as (B, n, H, D), as the model's heads are: merging them back is a view, not a copy.
 at::Tensor heads_like(const at::Tensor& x) { return at::empty({x.size(0), x.size(2), x.size(1), x.size(3)}, x.options()).transpose(1, 2); }
 
-// (out (B, H, T, D) in q's dtype, laid out as (B, T, H, D); lse (B, H, T) fp32)
+// (out (B, H, T, D) in q's dtype, laid out as (B, T, H, D); lse (B, H, T) fp32), by our loops or (tiles) by oneDNN's
+// small-matrix kernel (attention_tiles.cpp)
 std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                                     double scale) {
-  check(q, k, v, causal, "aiayn_native::attention_forward");
+                                                     double scale, bool tiles) {
+  check(q, k, v, causal, tiles, "aiayn_native::attention_forward");
   at::Tensor out = heads_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  if (q.scalar_type() == at::kFloat) {
+  if (tiles) {
+    aiayn_tiles::forward(q, k, v, causal, static_cast<float>(scale), out, lse);
+  } else if (q.scalar_type() == at::kFloat) {
     forward_heads<float>(q, k, v, causal, static_cast<float>(scale), out, lse);
   } else {
     forward_heads<at::BFloat16>(q, k, v, causal, static_cast<float>(scale), out, lse);
@@ -336,13 +342,15 @@ std::tuple<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const 
 // (dq, dk, dv), each of its input's shape, laid out as heads_like
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
                                                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                                                  bool causal, double scale) {
-  check(q, k, v, causal, "aiayn_native::attention_backward");
+                                                                  bool causal, double scale, bool tiles) {
+  check(q, k, v, causal, tiles, "aiayn_native::attention_backward");
   const at::Tensor g = grad.stride(3) == 1 ? grad : grad.contiguous();
   const at::Tensor o = out.stride(3) == 1 ? out : out.contiguous();
   at::Tensor dq = heads_like(q), dk = heads_like(k), dv = heads_like(v);
   const at::Tensor l = lse.contiguous();
-  if (q.scalar_type() == at::kFloat) {
+  if (tiles) {
+    aiayn_tiles::backward(g, q, k, v, o, l, causal, static_cast<float>(scale), dq, dk, dv);
+  } else if (q.scalar_type() == at::kFloat) {
     backward_heads<float>(g, q, k, v, o, l, causal, static_cast<float>(scale), dq, dk, dv);
   } else {
     backward_heads<at::BFloat16>(g, q, k, v, o, l, causal, static_cast<float>(scale), dq, dk, dv);
@@ -353,8 +361,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(aiayn_native, m) {
-  m.def("attention_forward(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
-  m.def("attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float scale) -> (Tensor, Tensor, Tensor)");
+  m.def("attention_forward(Tensor q, Tensor k, Tensor v, bool causal, float scale, bool tiles=False) -> (Tensor, Tensor)");
+  m.def("attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float scale, "
+        "bool tiles=False) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(aiayn_native, CPU, m) {

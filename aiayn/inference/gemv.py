@@ -47,18 +47,19 @@ from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
 __all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
-           "gemv_linear", "may_run", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
+           "gemv_linear", "may_run", "tiles_available", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("gemv.cpp")
 # The library's sources, built together into one operator library: the matrix-vector product, one query's attention,
 # GPT-2's GELU, the vector pieces they share (a header), the one-token decoding step that calls them
-# (aiayn.decoding.native_step), and training's loss, attention, transposes written out and master-weight optimizer step.
+# (aiayn.decoding.native_step), and training's loss, attention (our loops, and oneDNN's small-matrix kernel), transposes
+# written out and master-weight optimizer step.
 SOURCES = (SOURCE, SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
-           SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("transpose.cpp"),
+           SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("attention_tiles.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("transpose.cpp"),
            SOURCE.with_name("adamw.cpp"))
-HEADERS = (SOURCE.with_name("simd.h"),)
+HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("attention_tiles.h"))
 BUILD_TIMEOUT_S = 600
 
 
@@ -141,6 +142,13 @@ def gelu_tanh_backward(grad: Tensor, x: Tensor) -> Tensor:
 def available() -> bool:
     """Whether ``aiayn_native::gemv`` is loaded here, building it first if it was never built for this machine."""
     return _load() is None
+
+
+def tiles_available() -> bool:
+    """Whether bf16 training attention by oneDNN's small-matrix kernel (``attention_tiles.cpp``) runs here: the library
+    loaded, and torch packs bf16 operands for that kernel on this CPU in the layout ours writes (fp32 runs wherever the
+    library loaded)."""
+    return available() and bool(torch.ops.aiayn_native.attention_tiles_available())
 
 
 def unavailable_reason() -> str | None:

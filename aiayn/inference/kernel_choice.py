@@ -38,6 +38,7 @@ None of them builds the native kernel.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -66,7 +67,7 @@ from aiayn.untrusted import read_json_file
 
 __all__ = [
     "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_native", "choose_huge_pages", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
-    "ROW_SPLITS", "TRAINING_ATTENTION", "TRAINING_ATTENTION_ENV_VAR", "attention_mode", "choose_training_attention", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
+    "ROW_SPLITS", "TRAINING_ATTENTION", "TRAINING_ATTENTION_ENV_VAR", "attention_mode", "choose_training_attention", "training_attention_candidates", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
 
@@ -251,8 +252,8 @@ def _native_mode(variable: str, kernels: tuple[str, ...], what: str) -> str:
     """``$variable``, ``measure`` or one of ``kernels`` (:func:`~aiayn.environment.env_choice`), refused with the reason
     where it names ``native`` and our library cannot run here."""
     mode = env_choice(variable, ("measure", *kernels))
-    if mode == "native" and not gemv_available():
-        others = ["measure", *(name for name in kernels if name != "native")]
+    if mode.startswith("native") and not gemv_available():
+        others = ["measure", *(name for name in kernels if not name.startswith("native"))]
         raise ValueError(f"${variable}=native: our {what} cannot run here ({unavailable_reason()}); "
                          f"use {', '.join(others[:-1])} or {others[-1]}")
     return mode
@@ -285,38 +286,56 @@ def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
 
 
 TRAINING_ATTENTION_ENV_VAR = "AIAYN_TRAINING_ATTENTION"
-TRAINING_ATTENTION = ("rule", "native")  # training attention: the kernel aiayn.nn.attention's rule names, or ours
+# training attention: the kernel aiayn.nn.attention's rule names, ours in fp32 arithmetic, or ours on matrix tiles (bf16)
+TRAINING_ATTENTION = ("rule", "native", "native-tiles")
 _TRAINING_CHOSEN: dict[tuple[torch.dtype, tuple[int, ...], bool, str], str] = {}  # this process's answers
 
 
+def training_attention_candidates(dtype: torch.dtype) -> tuple[str, ...]:
+    """Our training kernels that take ``dtype`` here, where the library loaded: ``native``, and ``native-tiles`` (for bf16
+    only where torch's small-matrix kernel takes packed bf16 operands: :func:`~aiayn.inference.gemv.tiles_available`)."""
+    from aiayn.inference.gemv import tiles_available
+
+    if not gemv_available():
+        return ()
+    return ("native",) if dtype == torch.bfloat16 and not tiles_available() else ("native", "native-tiles")
+
+
 def choose_training_attention(dtype: torch.dtype, shape: tuple[int, ...], causal: bool, rule: str) -> str:
-    """``native`` where our training kernel (``aiayn/inference/attention_train.cpp``) was timed faster than ``rule`` (the
-    backend ``aiayn.nn.attention``'s rule names: ``sdpa`` or ``math``) at queries of ``shape`` (B, H, T, D), keys as many
-    and ``causal``, forward and backward, else ``rule``: read from this process's answers or the cache, or timed once
-    (the fastest of nine interleaved rounds) and cached. ``$AIAYN_TRAINING_ATTENTION``: ``measure`` (the default),
-    ``rule`` (never ours) or ``native``."""
+    """Which kernel computes a training call of self-attention at queries of ``shape`` (B, H, T, D), keys as many and
+    ``causal``, forward and backward: ``rule`` (the backend ``aiayn.nn.attention``'s rule names: ``sdpa`` or ``math``),
+    ``native`` (``aiayn/inference/attention_train.cpp``) or ``native-tiles`` (``attention_tiles.cpp``), whichever was
+    timed fastest: read from this process's answers or the cache, or timed once (the fastest of nine interleaved rounds)
+    and cached. ``$AIAYN_TRAINING_ATTENTION``: ``measure`` (the default), ``rule`` (never ours), ``native`` or
+    ``native-tiles`` (refused where it cannot run)."""
     key = (dtype, shape, causal, rule)
     if key in _TRAINING_CHOSEN:
         return _TRAINING_CHOSEN[key]
     mode = _native_mode(TRAINING_ATTENTION_ENV_VAR, TRAINING_ATTENTION, "training attention kernel")
-    if mode != "measure" or not gemv_available():
-        choice = "native" if mode == "native" else rule
+    ours = training_attention_candidates(dtype)
+    if mode == "native-tiles" and dtype == torch.bfloat16 and "native-tiles" not in ours:
+        raise ValueError(f"${TRAINING_ATTENTION_ENV_VAR}=native-tiles: torch cannot pack bf16 operands for its small-matrix "
+                         "kernel on this CPU; use measure, rule or native")
+    if mode != "measure" or not ours:
+        choice = rule if mode == "rule" or not ours else mode
     else:
-        def timed(item: tuple[torch.dtype, tuple[int, ...], bool, str]) -> tuple[str, str]:
-            times = _time_training_attention(*item)
-            best = min((rule, "native"), key=lambda name: times[name])
-            return best, f"{rule} {times[rule]:.3f}, native {times['native']:.3f} ms (forward and backward) -> {best}"
+        names = (rule, *ours)
 
-        name = f"training attention {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}{' causal' if causal else ''} ({rule}/native)"
-        (choice,) = _cached([name], [key], (rule, "native"), timed, "training attention", TRAINING_ATTENTION_ENV_VAR)
+        def timed(item: tuple[torch.dtype, tuple[int, ...], bool, str]) -> tuple[str, str]:
+            times = _time_training_attention(*item, names=ours)
+            best = min(names, key=lambda name: times[name])
+            return best, ", ".join(f"{name} {times[name]:.3f}" for name in names) + f" ms (forward and backward) -> {best}"
+
+        name = f"training attention {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}{' causal' if causal else ''} ({'/'.join(names)})"
+        (choice,) = _cached([name], [key], names, timed, "training attention", TRAINING_ATTENTION_ENV_VAR)
     _TRAINING_CHOSEN[key] = choice
     return choice
 
 
 def _time_training_attention(dtype: torch.dtype, shape: tuple[int, ...], causal: bool, rule: str,
-                             rounds: int = 9) -> dict[str, float]:
+                             rounds: int = 9, names: tuple[str, ...] = ("native",)) -> dict[str, float]:
     """Milliseconds of self-attention's forward and backward at queries, keys and values of ``shape`` by ``rule``'s
-    backend and by ours: the fastest of ``rounds`` interleaved rounds, after a warm-up round (nine: at nanoGPT's
+    backend and by each of our kernels in ``names``: the fastest of ``rounds`` interleaved rounds, after a warm-up round (nine: at nanoGPT's
     shape the two differ by a tenth of a millisecond)."""
     import math
 
@@ -328,8 +347,10 @@ def _time_training_attention(dtype: torch.dtype, shape: tuple[int, ...], causal:
     scale = 1.0 / math.sqrt(shape[-1])
     runs: dict[str, Callable[[], object]] = {
         rule: lambda: torch.autograd.grad(scaled_dot_product_attention(q, k, v, causal=causal, backend=rule)[0], (q, k, v), grad),
-        "native": lambda: torch.autograd.grad(NativeAttention.apply(q, k, v, causal and shape[2] > 1, scale), (q, k, v), grad),
     }
+    for name in names:  # ours: in fp32 arithmetic, or on matrix tiles
+        runs[name] = functools.partial(lambda tiles: torch.autograd.grad(NativeAttention.apply(q, k, v, causal and shape[2] > 1, scale, tiles),
+                                                                          (q, k, v), grad), name == "native-tiles")
     return _fastest_rounds(runs, rounds)
 
 

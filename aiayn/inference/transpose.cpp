@@ -9,41 +9,15 @@
 #include <algorithm>
 #include <cstdint>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
 
 constexpr int64_t kTile = 64, kRows = 256;  // a tile: kTile columns by kRows rows, in L1 and L2
 
 #if defined(__AVX2__)
-// The 8 x 8 32-bit elements of r[0..7] transposed in place (r[i] becomes column i).
-inline void transpose8x8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {  // rows 0-3, then 4-7
-    u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
-    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
-    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
-    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
-    r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
-  }
-}
-
-// 8 x 8 32-bit elements from x (row stride sx) to out (row stride so), transposed.
-inline void block32(const uint32_t* x, int64_t sx, uint32_t* out, int64_t so) {
-  __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(x + i * sx));
-  transpose8x8(r);
-  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(reinterpret_cast<float*>(out + i * so), r[i]);
-}
+using aiayn_simd::block32;
+using aiayn_simd::transpose8x8;
 
 // 16 x 16 16-bit elements, transposed: rows 2k and 2k+1 interleaved into 32-bit pairs (columns 0-3 and 8-11 in one
 // register, 4-7 and 12-15 in the other: unpacking works within 128-bit lanes), then two 8 x 8 32-bit transposes, whose

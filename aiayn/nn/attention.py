@@ -110,8 +110,9 @@ def scaled_dot_product_attention(
     if (asked == "auto" and not return_weights and backend in ("sdpa", "math")
             and _native_training_fits(q, k, v, mask, bias, dropout_p, causal)):
         # training without a mask on the CPU: the rule's kernel or ours, whichever was timed faster at this shape
-        if kernel_choice.choose_training_attention(q.dtype, tuple(q.shape), causal, backend) == "native":
-            return NativeAttention.apply(q, k, v, causal and q_len > 1, 1.0 / math.sqrt(q.shape[-1])), None
+        chosen = kernel_choice.choose_training_attention(q.dtype, tuple(q.shape), causal, backend)
+        if chosen in ("native", "native-tiles"):
+            return NativeAttention.apply(q, k, v, causal and q_len > 1, 1.0 / math.sqrt(q.shape[-1]), chosen == "native-tiles"), None
     if backend == "native":
         if _native_fits(q, k, v, mask, bias, dropout_p):
             return gemv.attend_one(q, k, v, mask), None
@@ -195,22 +196,24 @@ def _native_training_fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, 
 
 
 class NativeAttention(torch.autograd.Function):
-    """``apply(q, k, v (B, H, T|S, D), causal, scale)`` -> ``softmax(scale q k^T) v`` by our kernel, forward and backward
-    (``aiayn_native::attention_forward`` saves each row's log-sum-exp; the backward recomputes the scores from it)."""
+    """``apply(q, k, v (B, H, T|S, D), causal, scale, tiles=False)`` -> ``softmax(scale q k^T) v`` by our kernel, forward
+    and backward (``aiayn_native::attention_forward`` saves each row's log-sum-exp; the backward recomputes the scores
+    from it). ``tiles``: each product by oneDNN's small-matrix kernel (``attention_tiles.cpp``; bf16 only where
+    :func:`~aiayn.inference.gemv.tiles_available`), else by our register-blocked loops in fp32 arithmetic."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-        out, lse = torch.ops.aiayn_native.attention_forward(q, k, v, causal, scale)
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, tiles: bool = False) -> Tensor:
+        out, lse = torch.ops.aiayn_native.attention_forward(q, k, v, causal, scale, tiles)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.tiles = causal, scale, tiles
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = torch.ops.aiayn_native.attention_backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = torch.ops.aiayn_native.attention_backward(grad, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.tiles)
+        return dq, dk, dv, None, None, None
 
 
 def _check_on_host(q: Tensor) -> bool:

@@ -36,3 +36,22 @@ def test_quick_mode_takes_back_the_row_gradients(monkeypatch: pytest.MonkeyPatch
     medians = bench.main(["--quick", "--dtype", "fp32", "--take-back", "row-gradients"])
     assert set(medians) == {"as aiayn train", "without row-gradients"} and True in seen and False in seen
     assert "tied tables with row gradients: embed" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not gemv.available(), reason="our C++ library did not build here (aiayn.inference.gemv)")
+def test_quick_mode_takes_back_the_small_matrix_attention(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the tiles chosen, the model as `aiayn train` runs them and the other runs our loops, and the process's choices
+    are left as they were."""
+    from aiayn.nn.attention import NativeAttention
+
+    bench = load_benchmark("train_ablation")
+    monkeypatch.setattr(kernel_choice, "_TRAINING_CHOSEN", {})
+    monkeypatch.setattr(kernel_choice, "choose_training_attention", lambda dtype, shape, causal, rule:
+                        kernel_choice._TRAINING_CHOSEN.setdefault((dtype, shape, causal, rule), "native-tiles"))
+    seen = []
+    apply = NativeAttention.apply
+    monkeypatch.setattr(NativeAttention, "apply", lambda *a: seen.append(a[5]) or apply(*a))
+    medians = bench.main(["--quick", "--dtype", "fp32", "--take-back", "tiles"])
+    assert set(medians) == {"as aiayn train", "without tiles"} and True in seen and False in seen
+    assert set(kernel_choice._TRAINING_CHOSEN.values()) == {"native-tiles"}
+    assert "taken back to ours in fp32 arithmetic" in capsys.readouterr().out
