@@ -185,7 +185,7 @@ def _load() -> str | None:
     torch.library.register_fake("aiayn_native::cross_entropy_rows")(_fake_cross_entropy)
     torch.library.register_fake("aiayn_native::cross_entropy_backward")(lambda grad, logits, *rest: torch.empty_like(logits))
     torch.library.register_fake("aiayn_native::attention_forward")(
-        lambda q, k, v, causal, scale: (_heads_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)))
+        lambda q, k, v, causal, scale, tiles=False: (_heads_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)))
     torch.library.register_fake("aiayn_native::attention_backward")(lambda grad, q, k, v, *rest: (_heads_like(q), _heads_like(k), _heads_like(v)))
     return None
 

@@ -227,3 +227,14 @@ def test_an_lm_run_through_our_attention_and_loss_resumes_bit_for_bit(native_gem
     a, _ = read_safetensors(straight.run_dir / "step-000004" / "model.safetensors")
     b, _ = read_safetensors(resumed.run_dir / "step-000004" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_operators_have_shapes_for_graphs(native_gemv):
+    """The operators' fake implementations (what torch.compile traces) take the tiles flag and give the real shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 3, 5, 16, dtype=torch.bfloat16)
+        out, lse = torch.ops.aiayn_native.attention_forward(q, q, q, True, 0.25, True)
+        dq, dk, dv = torch.ops.aiayn_native.attention_backward(q, q, q, q, out, lse, True, 0.25, True)
+    assert out.shape == dq.shape == dk.shape == dv.shape == q.shape and lse.shape == (2, 3, 5) and lse.dtype == torch.float32
