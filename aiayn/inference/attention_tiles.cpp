@@ -8,9 +8,8 @@
 //
 // Each operand is a zero-padded copy of 64 x 64 blocks; each right-hand operand is laid out block by block as the
 // kernel reads it (bf16: pairs of rows interleaved), so a product over part of its inner dimension is one call over
-// consecutive blocks, and causal attention skips the blocks above the diagonal. The backward computes dQ a block of queries
-// at a time and dK, dV a block of keys at a time, recomputing the transposed scores for the latter (products are cheap
-// here; transposing the weights is not).
+// consecutive blocks, and causal attention skips the blocks above the diagonal. The backward computes dQ a block of
+// queries at a time, and dK, dV a block of keys at a time from the weights and their gradient transposed block by block.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -190,38 +189,30 @@ float softmax_row(float* row, int64_t n, int64_t width, float scale, E* p) {
   return m + std::log(sum);
 }
 
-// The softmax's gradient over columns [lo, hi) of one row of raw scores s (and dp, the gradient of the weights), zeros
-// elsewhere in [0, width) (a multiple of 16): with w = exp(scale s - lse) (the weight), ds = w (dp - delta) into ds (E)
-// and, where asked, w into w (E). lse and delta are per column (`per_column`: a key's row against the queries; then
-// readable up to width) or one value for the row (a query's). Whole vectors from lo rounded down, the lanes outside
-// [lo, hi) overwritten with zeros after.
+// The softmax's gradient over one query's row of raw scores s (keys [0, n)) and dp (the gradient of its weights), zeros
+// past n up to `width` (a multiple of 16): with w = exp(scale s - lse) (the weight), ds = w (dp - delta) into ds and w
+// into w (E). Whole vectors, the lanes past n overwritten with zeros after.
 template <typename E>
-void gradient_row(float* s, float* dp, int64_t lo, int64_t hi, int64_t width, float scale, const float* lse, const float* delta,
-                  bool per_column, E* ds, E* w) {
-  int64_t from = lo, to = hi;
+void gradient_row(float* s, float* dp, int64_t n, int64_t width, float scale, float lse, float delta, E* ds, E* w) {
+  int64_t to = n;
 #if defined(__AVX512F__)
-  from = lo / 16 * 16;
-  to = (hi + 15) / 16 * 16;
-  const __m512 sv = _mm512_set1_ps(scale);
-  for (int64_t j = from; j < to; j += 16) {
-    const __m512 l = per_column ? _mm512_loadu_ps(lse + j) : _mm512_set1_ps(*lse);
-    const __m512 dl = per_column ? _mm512_loadu_ps(delta + j) : _mm512_set1_ps(*delta);
+  to = (n + 15) / 16 * 16;
+  const __m512 sv = _mm512_set1_ps(scale), l = _mm512_set1_ps(lse), dl = _mm512_set1_ps(delta);
+  for (int64_t j = 0; j < to; j += 16) {
     const __m512 e = aiayn_simd::exp16(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), sv, l));
     _mm512_storeu_ps(s + j, e);
     _mm512_storeu_ps(dp + j, _mm512_mul_ps(e, _mm512_sub_ps(_mm512_loadu_ps(dp + j), dl)));
   }
 #else
-  for (int64_t j = lo; j < hi; ++j) {
-    s[j] = std::exp(s[j] * scale - (per_column ? lse[j] : *lse));
-    dp[j] = s[j] * (dp[j] - (per_column ? delta[j] : *delta));
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] * scale - lse);
+    dp[j] = s[j] * (dp[j] - delta);
   }
 #endif
-  for (E* out : {ds, w}) {
-    if (out == nullptr) continue;
-    to_elem((out == ds ? dp : s) + from, to - from, 1.f, out + from);
-    std::fill(out, out + lo, E(0.f));
-    std::fill(out + hi, out + width, E(0.f));
-  }
+  to_elem(dp, to, 1.f, ds);
+  to_elem(s, to, 1.f, w);
+  std::fill(ds + n, ds + width, E(0.f));
+  std::fill(w + n, w + width, E(0.f));
 }
 
 template <typename T>
@@ -234,6 +225,29 @@ template <typename E>
 void store(const float* src, int64_t ld, int64_t rows, int64_t d, float scale, at::Tensor& x, int64_t bh, int64_t r0) {
   E* dst = x.mutable_data_ptr<E>() + (bh / x.size(1)) * x.stride(0) + (bh % x.size(1)) * x.stride(1) + r0 * x.stride(2);
   for (int64_t r = 0; r < rows; ++r) to_elem(src + r * ld, d, scale, dst + r * x.stride(2));
+}
+
+// dst (64 x 64, ld_dst) = the transpose of src (64 x 64, ld_src): simd.h's register blocks where there is AVX2.
+template <typename E>
+void transpose_block(const E* src, int64_t ld_src, E* dst, int64_t ld_dst) {
+#if defined(__AVX2__)
+  constexpr int64_t b = sizeof(E) == 2 ? 16 : 8;
+  for (int64_t r = 0; r < kBlock; r += b) {
+    for (int64_t c = 0; c < kBlock; c += b) {
+      if constexpr (sizeof(E) == 2) {
+        aiayn_simd::block16(reinterpret_cast<const uint16_t*>(src + r * ld_src + c), ld_src, reinterpret_cast<uint16_t*>(dst + c * ld_dst + r),
+                            ld_dst);
+      } else {
+        aiayn_simd::block32(reinterpret_cast<const uint32_t*>(src + r * ld_src + c), ld_src, reinterpret_cast<uint32_t*>(dst + c * ld_dst + r),
+                            ld_dst);
+      }
+    }
+  }
+#else
+  for (int64_t r = 0; r < kBlock; ++r) {
+    for (int64_t c = 0; c < kBlock; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
+  }
+#endif
 }
 
 struct Sizes {
@@ -278,11 +292,11 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
   const Sizes z(q.size(2), k.size(2), q.size(3));
   const float* lse_p = lse.const_data_ptr<float>();
   at::parallel_for(0, q.size(0) * q.size(1), 1, [&](int64_t begin, int64_t end) {
-    const int64_t wide = std::max(z.tp, z.sp);
-    std::vector<E> qb(z.tp * z.dp), kb(z.sp * z.dp), vb(z.sp * z.dp), gb(z.tp * z.dp), ob(z.tp * z.dp), ds_rows(kBlock * wide),
-        w_rows(kBlock * wide);
-    std::vector<float> scores(kBlock * wide), dp(kBlock * wide), delta(z.tp, 0.f), lse_row(z.tp, 0.f), result(kBlock * z.dp);
-    Packed<E> kt, vt, kp, qt, gt, qp, gp;
+    // A block of queries' rows of dS and P (E), and both transposed whole (keys x queries) for dK and dV.
+    std::vector<E> qb(z.tp * z.dp), kb(z.sp * z.dp), vb(z.sp * z.dp), gb(z.tp * z.dp), ob(z.tp * z.dp), ds_rows(kBlock * z.sp),
+        w_rows(kBlock * z.sp), ds_t(z.sp * z.tp), w_t(z.sp * z.tp);
+    std::vector<float> scores(kBlock * z.sp), dp(kBlock * z.sp), delta(z.tp, 0.f), result(kBlock * z.dp);
+    Packed<E> kt, vt, kp, qp, gp;
     for (int64_t bh = begin; bh < end; ++bh) {
       copy_head(head_in<E>(q, bh), q.stride(2), z.t, z.d, qb.data());
       copy_head(head_in<E>(k, bh), k.stride(2), z.s, z.d, kb.data());
@@ -301,41 +315,39 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
         for (; c < z.d; ++c) sum += static_cast<float>(g[c]) * static_cast<float>(o[c]);
         delta[i] = sum;
       }
-      std::copy(lse_p + bh * z.t, lse_p + (bh + 1) * z.t, lse_row.begin());  // padded: whole vectors read past t
-      const float* l = lse_row.data();
-      // dQ = scale dS K, a block of queries at a time: S = Q K^T, dP = dO V^T
+      const float* l = lse_p + bh * z.t;
+      // A block of queries at a time: S = Q K^T, dP = dO V^T, then P and dS = P (dP - delta), dQ = scale dS K
       kt.pack(kb.data(), z.dp, z.sp, z.dp, true, z.hb, kBlock);  // K^T, for the scores
-      vt.pack(vb.data(), z.dp, z.sp, z.dp, true, z.hb, kBlock);  // V^T, for dP = dO V^T
-      kp.pack(kb.data(), z.sp, z.dp, z.dp, false, kBlock, z.hb);  // K, for dQ = dS K
+      vt.pack(vb.data(), z.dp, z.sp, z.dp, true, z.hb, kBlock);  // V^T, for dP
+      kp.pack(kb.data(), z.sp, z.dp, z.dp, false, kBlock, z.hb);  // K, for dQ
       for (int64_t i0 = 0; i0 < z.t; i0 += kBlock) {
         const int64_t rows = std::min(kBlock, z.t - i0), width = causal ? padded(std::min(i0 + kBlock, z.s)) : z.sp;
         product(rows, qb.data() + i0 * z.dp, z.dp, kt, 0, kt.row_blocks, 0, width / kBlock, scores.data(), z.sp);
         product(rows, gb.data() + i0 * z.dp, z.dp, vt, 0, vt.row_blocks, 0, width / kBlock, dp.data(), z.sp);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = i0 + r;
-          gradient_row(scores.data() + r * z.sp, dp.data() + r * z.sp, 0, causal ? i + 1 : z.s, width, scale, l + i, delta.data() + i,
-                       false, ds_rows.data() + r * z.sp, static_cast<E*>(nullptr));
+          gradient_row(scores.data() + r * z.sp, dp.data() + r * z.sp, causal ? i + 1 : z.s, width, scale, l[i], delta[i],
+                       ds_rows.data() + r * z.sp, w_rows.data() + r * z.sp);
         }
         product(rows, ds_rows.data(), z.sp, kp, 0, width / kBlock, 0, kp.col_blocks, result.data(), z.dp);
         store<E>(result.data(), z.dp, rows, z.d, scale, dq, bh, i0);
+        for (int64_t r = rows; r < kBlock; ++r) {  // past the last query: zeros in the transposes
+          std::fill(ds_rows.begin() + r * z.sp, ds_rows.begin() + r * z.sp + width, E(0.f));
+          std::fill(w_rows.begin() + r * z.sp, w_rows.begin() + r * z.sp + width, E(0.f));
+        }
+        for (int64_t j = 0; j < width; j += kBlock) {  // every block of keys these queries see (the others are never read)
+          transpose_block(ds_rows.data() + j, z.sp, ds_t.data() + j * z.tp + i0, z.tp);
+          transpose_block(w_rows.data() + j, z.sp, w_t.data() + j * z.tp + i0, z.tp);
+        }
       }
-      // dK = scale dS^T Q and dV = P^T dO, a block of keys at a time: S^T = K Q^T, dP^T = V dO^T
-      qt.pack(qb.data(), z.dp, z.tp, z.dp, true, z.hb, kBlock);  // Q^T and dO^T, for S^T and dP^T
-      gt.pack(gb.data(), z.dp, z.tp, z.dp, true, z.hb, kBlock);
-      qp.pack(qb.data(), z.tp, z.dp, z.dp, false, kBlock, z.hb);  // Q and dO, for dK and dV
+      // A block of keys at a time, over the queries that see them: dK = scale dS^T Q, dV = P^T dO
+      qp.pack(qb.data(), z.tp, z.dp, z.dp, false, kBlock, z.hb);
       gp.pack(gb.data(), z.tp, z.dp, z.dp, false, kBlock, z.hb);
       for (int64_t j0 = 0; j0 < z.s; j0 += kBlock) {
         const int64_t rows = std::min(kBlock, z.s - j0), first = causal ? j0 / kBlock : 0, last = z.tp / kBlock;
-        product(rows, kb.data() + j0 * z.dp, z.dp, qt, 0, qt.row_blocks, first, last, scores.data(), z.tp);
-        product(rows, vb.data() + j0 * z.dp, z.dp, gt, 0, gt.row_blocks, first, last, dp.data(), z.tp);
-        for (int64_t r = 0; r < rows; ++r) {  // key j0 + r: the queries at or after it (causal), up to the last
-          const int64_t lo = causal ? j0 + r : 0;
-          gradient_row(scores.data() + r * z.tp, dp.data() + r * z.tp, lo, z.t, z.tp, scale, l, delta.data(), true, ds_rows.data() + r * z.tp,
-                       w_rows.data() + r * z.tp);
-        }
-        product(rows, ds_rows.data(), z.tp, qp, first, last, 0, qp.col_blocks, result.data(), z.dp);
+        product(rows, ds_t.data() + j0 * z.tp, z.tp, qp, first, last, 0, qp.col_blocks, result.data(), z.dp);
         store<E>(result.data(), z.dp, rows, z.d, scale, dk, bh, j0);
-        product(rows, w_rows.data(), z.tp, gp, first, last, 0, gp.col_blocks, result.data(), z.dp);
+        product(rows, w_t.data() + j0 * z.tp, z.tp, gp, first, last, 0, gp.col_blocks, result.data(), z.dp);
         store<E>(result.data(), z.dp, rows, z.d, 1.f, dv, bh, j0);
       }
     }

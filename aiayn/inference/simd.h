@@ -59,6 +59,25 @@ inline void block32(const uint32_t* x, int64_t sx, uint32_t* out, int64_t so) {
   for (int i = 0; i < 8; ++i) _mm256_storeu_ps(reinterpret_cast<float*>(out + i * so), r[i]);
 }
 
+// 16 x 16 16-bit elements, transposed: rows 2k and 2k+1 interleaved into 32-bit pairs (columns 0-3 and 8-11 in one
+// register, 4-7 and 12-15 in the other: unpacking works within 128-bit lanes), then two 8 x 8 32-bit transposes, whose
+// rows are the output's rows, 16 elements each.
+inline void block16(const uint16_t* x, int64_t sx, uint16_t* out, int64_t so) {
+  __m256 lo[8], hi[8];
+  for (int k = 0; k < 8; ++k) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 2 * k * sx));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + (2 * k + 1) * sx));
+    lo[k] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(a, b));
+    hi[k] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(a, b));
+  }
+  transpose8x8(lo);
+  transpose8x8(hi);
+  static constexpr int kLo[8] = {0, 1, 2, 3, 8, 9, 10, 11}, kHi[8] = {4, 5, 6, 7, 12, 13, 14, 15};
+  for (int i = 0; i < 8; ++i) {
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + kLo[i] * so), lo[i]);
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + kHi[i] * so), hi[i]);
+  }
+}
 #endif
 
 // Ask for the cache lines of `bytes` bytes at p into L2 (a hint: no fault past the end of the weight).
