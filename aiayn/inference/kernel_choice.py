@@ -250,11 +250,11 @@ def attention_mode() -> str:
 
 def _native_mode(variable: str, kernels: tuple[str, ...], what: str) -> str:
     """``$variable``, ``measure`` or one of ``kernels`` (:func:`~aiayn.environment.env_choice`), refused with the reason
-    where it names ``native`` and our library cannot run here."""
+    where it names one of ours (``native``, ``native-...``) and our library cannot run here."""
     mode = env_choice(variable, ("measure", *kernels))
     if mode.startswith("native") and not gemv_available():
         others = ["measure", *(name for name in kernels if not name.startswith("native"))]
-        raise ValueError(f"${variable}=native: our {what} cannot run here ({unavailable_reason()}); "
+        raise ValueError(f"${variable}={mode}: our {what} cannot run here ({unavailable_reason()}); "
                          f"use {', '.join(others[:-1])} or {others[-1]}")
     return mode
 
@@ -286,7 +286,7 @@ def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
 
 
 TRAINING_ATTENTION_ENV_VAR = "AIAYN_TRAINING_ATTENTION"
-# training attention: the kernel aiayn.nn.attention's rule names, ours in fp32 arithmetic, or ours on matrix tiles (bf16)
+# training attention: the kernel aiayn.nn.attention's rule names, ours by our loops, or ours by oneDNN's small-matrix kernel
 TRAINING_ATTENTION = ("rule", "native", "native-tiles")
 _TRAINING_CHOSEN: dict[tuple[torch.dtype, tuple[int, ...], bool, str], str] = {}  # this process's answers
 

@@ -167,6 +167,11 @@ def test_bf16_choice_times_the_tiles_too_and_obeys_each_override(tiles, choice, 
     kernel_choice._TRAINING_CHOSEN.clear()
     with pytest.raises(ValueError, match=r"\$AIAYN_TRAINING_ATTENTION=native-tiles: torch cannot pack bf16 operands .*; use measure, rule or native"):
         kernel_choice.choose_training_attention(torch.bfloat16, (1, 2, 8, 16), True, "sdpa")
+    monkeypatch.setattr(kernel_choice, "gemv_available", lambda: False)  # no library at all: said, with the reason
+    monkeypatch.setattr(kernel_choice, "unavailable_reason", lambda: "no C++ compiler")
+    with pytest.raises(ValueError, match=r"\$AIAYN_TRAINING_ATTENTION=native-tiles: our training attention kernel cannot run here "
+                                         r"\(no C\+\+ compiler\); use measure or rule"):
+        kernel_choice.choose_training_attention(torch.float32, (1, 2, 8, 16), True, "sdpa")
 
 
 def test_a_model_trains_through_it_as_through_the_rules_kernel(choice, monkeypatch):
