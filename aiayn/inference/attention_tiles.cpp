@@ -116,15 +116,7 @@ struct Packed {
     const auto* x = reinterpret_cast<const uint32_t*>(src);
     auto* o = reinterpret_cast<uint32_t*>(out);
     const int64_t sx = ld / per_word, words = rb / per_word;  // ld and rb are multiples of 32: whole words
-#if defined(__AVX2__)
-    for (int64_t c = 0; c < cb; c += 8) {
-      for (int64_t p = 0; p < words; p += 8) aiayn_simd::block32(x + c * sx + p, sx, o + p * cb + c, cb);
-    }
-#else
-    for (int64_t c = 0; c < cb; ++c) {
-      for (int64_t p = 0; p < words; ++p) o[p * cb + c] = x[c * sx + p];
-    }
-#endif
+    aiayn_simd::transpose_block(x, cb, words, sx, o, cb);
   }
   E* block(int64_t i, int64_t j) { return data.data() + (j * row_blocks + i) * rb * cb; }
   const E* block(int64_t i, int64_t j) const { return data.data() + (j * row_blocks + i) * rb * cb; }
@@ -227,29 +219,6 @@ void store(const float* src, int64_t ld, int64_t rows, int64_t d, float scale, a
   for (int64_t r = 0; r < rows; ++r) to_elem(src + r * ld, d, scale, dst + r * x.stride(2));
 }
 
-// dst (64 x 64, ld_dst) = the transpose of src (64 x 64, ld_src): simd.h's register blocks where there is AVX2.
-template <typename E>
-void transpose_block(const E* src, int64_t ld_src, E* dst, int64_t ld_dst) {
-#if defined(__AVX2__)
-  constexpr int64_t b = sizeof(E) == 2 ? 16 : 8;
-  for (int64_t r = 0; r < kBlock; r += b) {
-    for (int64_t c = 0; c < kBlock; c += b) {
-      if constexpr (sizeof(E) == 2) {
-        aiayn_simd::block16(reinterpret_cast<const uint16_t*>(src + r * ld_src + c), ld_src, reinterpret_cast<uint16_t*>(dst + c * ld_dst + r),
-                            ld_dst);
-      } else {
-        aiayn_simd::block32(reinterpret_cast<const uint32_t*>(src + r * ld_src + c), ld_src, reinterpret_cast<uint32_t*>(dst + c * ld_dst + r),
-                            ld_dst);
-      }
-    }
-  }
-#else
-  for (int64_t r = 0; r < kBlock; ++r) {
-    for (int64_t c = 0; c < kBlock; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
-  }
-#endif
-}
-
 struct Sizes {
   int64_t t, s, d, tp, sp, dp, hb;  // queries, keys, head dimension; each padded to whole blocks; the head dimension's block
   Sizes(int64_t t_, int64_t s_, int64_t d_)
@@ -336,8 +305,8 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
           std::fill(w_rows.begin() + r * z.sp, w_rows.begin() + r * z.sp + width, E(0.f));
         }
         for (int64_t j = 0; j < width; j += kBlock) {  // every block of keys these queries see (the others are never read)
-          transpose_block(ds_rows.data() + j, z.sp, ds_t.data() + j * z.tp + i0, z.tp);
-          transpose_block(w_rows.data() + j, z.sp, w_t.data() + j * z.tp + i0, z.tp);
+          aiayn_simd::transpose_block(ds_rows.data() + j, kBlock, kBlock, z.sp, ds_t.data() + j * z.tp + i0, z.tp);
+          aiayn_simd::transpose_block(w_rows.data() + j, kBlock, kBlock, z.sp, w_t.data() + j * z.tp + i0, z.tp);
         }
       }
       // A block of keys at a time, over the queries that see them: dK = scale dS^T Q, dV = P^T dO

@@ -1,6 +1,7 @@
 // The vector pieces the native kernels share (aiayn/inference/gemv.cpp, attend_one.cpp, gelu_tanh.cpp; built together
 // by aiayn/inference/gemv.py with -march=native, so each uses this CPU's width): loads widened to fp32, a prefetch hint,
-// the dot products of rows with a vector, a vectorised exp and a bf16 store rounded as torch rounds.
+// the dot products of rows with a vector, a vectorised exp, a bf16 store rounded as torch rounds, and transposes of
+// blocks in registers (transpose.cpp, attention_tiles.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -79,6 +80,33 @@ inline void block16(const uint16_t* x, int64_t sx, uint16_t* out, int64_t so) {
   }
 }
 #endif
+
+// out = x^T for a rows x cols block of 2- or 4-byte elements (x's rows sx elements apart, out's so): the register blocks
+// above (16 x 16 or 8 x 8) where there is AVX2, the elements off them one by one (everything, without AVX2).
+template <typename T>
+inline void transpose_block(const T* x, int64_t rows, int64_t cols, int64_t sx, T* out, int64_t so) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "2- or 4-byte elements");
+  int64_t c = 0;
+#if defined(__AVX2__)
+  constexpr int64_t B = sizeof(T) == 2 ? 16 : 8;
+  for (; c + B <= cols; c += B) {
+    int64_t r = 0;
+    for (; r + B <= rows; r += B) {
+      if constexpr (B == 16) {
+        block16(reinterpret_cast<const uint16_t*>(x + r * sx + c), sx, reinterpret_cast<uint16_t*>(out + c * so + r), so);
+      } else {
+        block32(reinterpret_cast<const uint32_t*>(x + r * sx + c), sx, reinterpret_cast<uint32_t*>(out + c * so + r), so);
+      }
+    }
+    for (int64_t cc = c; cc < c + B; ++cc) {
+      for (int64_t rr = r; rr < rows; ++rr) out[cc * so + rr] = x[rr * sx + cc];
+    }
+  }
+#endif
+  for (; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) out[c * so + r] = x[r * sx + c];
+  }
+}
 
 // Ask for the cache lines of `bytes` bytes at p into L2 (a hint: no fault past the end of the weight).
 inline void prefetch_l2(const void* p, int64_t bytes) {

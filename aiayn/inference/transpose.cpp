@@ -15,41 +15,16 @@ namespace {
 
 constexpr int64_t kTile = 64, kRows = 256;  // a tile: kTile columns by kRows rows, in L1 and L2
 
-#if defined(__AVX2__)
-using aiayn_simd::block16;
-using aiayn_simd::block32;
-#endif
-
 // out (cols, rows) = x (rows, cols)^T with x's rows sx elements apart; threads take bands of kTile columns (each a
-// band of the output's rows, so no two threads write one cache line), tiles of kRows rows in turn, and within a tile
-// simd.h's register blocks (B x B elements), elements off the blocks one by one (everything, without AVX2).
+// band of the output's rows, so no two threads write one cache line), and tiles of kRows rows in turn, each
+// transposed by simd.h's transpose_block.
 template <typename T>
 void transpose_tiles(const T* x, int64_t rows, int64_t cols, int64_t sx, T* out) {
-  constexpr int64_t B = sizeof(T) == 2 ? 16 : 8;
   at::parallel_for(0, (cols + kTile - 1) / kTile, 1, [&](int64_t begin, int64_t end) {
     for (int64_t band = begin; band < end; ++band) {
       const int64_t c0 = band * kTile, c1 = std::min(c0 + kTile, cols);
       for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-        const int64_t r1 = std::min(r0 + kRows, rows);
-        int64_t c = c0;
-#if defined(__AVX2__)
-        for (; c + B <= c1; c += B) {
-          int64_t r = r0;
-          for (; r + B <= r1; r += B) {
-            if constexpr (B == 16) {
-              block16(reinterpret_cast<const uint16_t*>(x + r * sx + c), sx, reinterpret_cast<uint16_t*>(out + c * rows + r), rows);
-            } else {
-              block32(reinterpret_cast<const uint32_t*>(x + r * sx + c), sx, reinterpret_cast<uint32_t*>(out + c * rows + r), rows);
-            }
-          }
-          for (int64_t cc = c; cc < c + B; ++cc) {
-            for (int64_t rr = r; rr < r1; ++rr) out[cc * rows + rr] = x[rr * sx + cc];
-          }
-        }
-#endif
-        for (; c < c1; ++c) {
-          for (int64_t r = r0; r < r1; ++r) out[c * rows + r] = x[r * sx + c];
-        }
+        aiayn_simd::transpose_block(x + r0 * sx + c0, std::min(kRows, rows - r0), c1 - c0, sx, out + c0 * rows + r0, rows);
       }
     }
   });
