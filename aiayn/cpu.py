@@ -1,6 +1,6 @@
 """Which CPU this is: its name, its family/model/stepping and the flags that pick torch's and llama.cpp's kernels
 (AVX2, AVX-512, AVX512-BF16, AMX). A name alone does not tell CPUs apart: a 2-core "AMD EPYC" was an AVX2-only
-Zen 3 one day and a Zen 5 with native bf16 the next, and a kernel timed on one is not the winner on the other."""
+Zen 3 one day, a Zen 4 or a Zen 5 with native bf16 on others, and a kernel timed on one is not the winner on another."""
 
 from __future__ import annotations
 
@@ -47,11 +47,12 @@ def parse_cpuinfo(text: str) -> CpuInfo:
 
 
 def cpu_summary(cpu: CpuInfo | None = None) -> str:
-    """'CPU model (family F, N cores); avx2 yes, avx512f no, ...': the line every benchmark prints first."""
+    """'CPU model (family F model M, N cores); avx2 yes, avx512f no, ...': the line every benchmark prints first
+    (the model too: family 25 was an AVX2-only Zen 3 one day and a Zen 4 with AVX-512 and AVX512-BF16 another)."""
     cpu = cpu or cpu_info()
     if not cpu.known:
         return f"{cpu.name}, {os.cpu_count()} cores; flags unknown (no /proc/cpuinfo)"
-    head = f"{cpu.name} (family {cpu.family}, {os.cpu_count()} cores)"
+    head = f"{cpu.name} (family {cpu.family} model {cpu.model}, {os.cpu_count()} cores)"
     return head + "; " + ", ".join(f"{f} {'yes' if f in cpu.flags else 'no'}" for f in FLAGS)
 
 

@@ -381,12 +381,13 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
         cases["bf16 packed"] = (PackedLinear(bf16), x_bf16)
     cases["int8"] = (Int8.from_linear(linear), x_bf16)
     cases["int8-dynamic"] = (Int8DynamicLinear.from_linear(linear), x)
-    if rows == 1 and gemv.available():  # our matrix-vector kernel, built on this machine (aiayn.inference.gemv)
+    if gemv.available():  # our matrix-vector kernel, built on this machine (aiayn.inference.gemv)
         for kernel in gemv.KERNELS:  # without and with prefetching
-            cases[f"fp32 {kernel}"] = (PackedLinear(linear, one=kernel, many="plain"), x)
-            cases[f"bf16 {kernel}"] = (PackedLinear(bf16, one=kernel, many="plain"), x_bf16)
+            if rows == 1:
+                cases[f"fp32 {kernel}"] = (PackedLinear(linear, one=kernel, many="plain"), x)
+                cases[f"bf16 {kernel}"] = (PackedLinear(bf16, one=kernel, many="plain"), x_bf16)
             int8_native = Int8.from_linear(linear)
-            int8_native.one = kernel
+            int8_native.one = int8_native.many = kernel  # int8: a few rows too (up to gemv.FEW_ROWS)
             cases[f"int8 {kernel}"] = (int8_native, x)
     times: dict[str, list[float]] = {name: [] for name in cases}
     with torch.no_grad():

@@ -40,7 +40,7 @@ __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_ste
 log = logging.getLogger(__name__)
 
 # The numbers decode_step.cpp reads (its enums of the same names).
-LINEAR_KINDS = {"plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int8": 5}
+LINEAR_KINDS = {"plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int8": 5, "few": 6}
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_tanh-native": 3, "silu": 4, "swiglu": 5, "relu2": 6}
 ATTENTION = {"native": 0, "sdpa": 1, "math": 2}
@@ -61,9 +61,13 @@ class _Plan:
         self.floats.append(float(eps))
         self.tensors += [norm.weight, getattr(norm, "bias", None)]
 
-    def linear(self, kind: str, param: int, out: int, weight: Tensor, scale: Tensor | None, bias: Tensor | None) -> None:
-        self.ints += [LINEAR_KINDS[kind], param, out]
-        self.tensors += [weight, scale, bias]
+    def linear(self, call: gemv.NativeCall, out: int, bias: Tensor | None) -> None:
+        """One Linear layer's record; ``few`` carries the rows it takes and, after it, the record of the call beyond."""
+        self.ints += [LINEAR_KINDS[call.kind], call.param, out, *([gemv.FEW_ROWS] if call.kind == "few" else [])]
+        self.tensors += [call.weight, call.scale, bias]
+        if call.kind == "few":
+            assert call.beyond is not None, "a few-row call names the call beyond it"
+            self.linear(call.beyond, out, bias)
 
 
 def native_step_blocker(model: nn.Module) -> str | None:
@@ -227,4 +231,4 @@ def _linear(plan: _Plan, module: Any, one_row: bool, dtype: torch.dtype) -> None
         call = gemv.NativeCall("plain", 0, module.weight, None)
     if call is None:
         raise ValueError(f"the C++ step does not know how a {type(module).__name__} computes ({module.extra_repr()})")
-    plan.linear(call.kind, call.param, module.out_features, call.weight, call.scale, module.bias)
+    plan.linear(call, module.out_features, module.bias)

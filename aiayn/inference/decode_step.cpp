@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,7 +30,7 @@ namespace {
 using Tensors = std::vector<std::optional<at::Tensor>>;
 
 // How one Linear layer computes one row (aiayn/decoding/native_step.py: LINEAR_KINDS).
-enum LinearKind : int64_t { kPlain = 1, kGemv = 2, kPacked = 3, kInt4 = 4, kInt8 = 5 };
+enum LinearKind : int64_t { kPlain = 1, kGemv = 2, kPacked = 3, kInt4 = 4, kInt8 = 5, kFew = 6 };
 enum NormKind : int64_t { kLayerNorm = 0, kRMSNorm = 1 };
 enum Activation : int64_t { kRelu = 0, kGelu = 1, kGeluTanh = 2, kGeluTanhNative = 3, kSilu = 4, kSwiGLU = 5, kRelu2 = 6 };
 enum Attention : int64_t { kNative = 0, kSdpa = 1, kMath = 2 };
@@ -60,6 +61,8 @@ struct Reader {
 
 struct Linear {
   int64_t kind = 0, param = 0, out = 0;  // kind: a LinearKind, 0 before read  // param: the prefetch distance (gemv) or the group size (int4)
+  int64_t few = 0;  // kFew: the most rows a call takes through our kernel; more take `beyond`
+  std::shared_ptr<const Linear> beyond;
   at::Tensor weight;
   std::optional<at::Tensor> scale, bias;  // scale: int8's per row, int4's scales and zeros
 
@@ -68,11 +71,13 @@ struct Linear {
     l.kind = r.integer();
     l.param = r.integer();
     l.out = r.integer();
+    if (l.kind == kFew) l.few = r.integer();
     auto w = r.tensor();
     if (w.has_value()) l.weight = *w;
     l.scale = r.tensor();
     l.bias = r.tensor();
     TORCH_CHECK(l.weight.defined(), "aiayn_native::DecodeStep: a Linear layer without its weight");
+    if (l.kind == kFew) l.beyond = std::make_shared<const Linear>(read(r));  // the record after it
     return l;
   }
 };
@@ -215,6 +220,9 @@ at::Tensor linear(const at::Tensor& x, const Linear& l) {
       const at::Tensor flat = x.reshape({-1, x.size(-1)}).to(compute_dtype(x)).contiguous();
       return finish(at::_weight_int4pack_mm_for_cpu(flat, l.weight, l.param, l.scale->to(flat.scalar_type())), l, x);
     }
+    case kFew:  // several rows: our kernel (each weight row read once for all) up to `few` rows, more (a prompt) beyond
+      if (x.numel() <= l.few * x.size(-1)) return gemv_op().call(x, l.weight, l.scale, l.bias, l.param);
+      return linear(x, *l.beyond);
     case kInt8: {
       const at::Tensor flat = x.reshape({-1, x.size(-1)}).to(compute_dtype(x)).contiguous();
       return finish(at::_weight_int8pack_mm(flat, l.weight, l.scale->to(flat.scalar_type())), l, x);

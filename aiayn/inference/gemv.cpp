@@ -1,5 +1,6 @@
 // One row through a Linear layer, y = W x + b: the matrix-vector product of batch-1 decoding (aiayn/inference/gemv.py),
-// over fp32, bf16 or int8 weights (int8: times a scale per row).
+// over fp32, bf16 or int8 weights (int8: times a scale per row); also a few rows (a small batch), each weight row read
+// once for all of them.
 //
 // The product reads the whole weight for two flops per weight, so its speed is the rate at which the threads stream the
 // weight from memory. Each output feature is the dot product of one contiguous weight row with x (x stays in the
@@ -16,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -25,43 +27,72 @@ namespace {
 
 using namespace aiayn_simd;
 
+// Inputs a weight row is dotted with at once (the rest of a call's inputs in further groups, the row then read from
+// L1): four partial sums each take 16 of AVX-512's 32 vector registers at four, 8 of AVX2's 16 at two.
+#if defined(__AVX512F__)
+constexpr int64_t kGroup = 4;
+#else
+constexpr int64_t kGroup = 2;
+#endif
+
+// y (m_rows, out) = x (m_rows, in) W^T, each output feature's weight row read from memory once for all the inputs.
 template <typename W, typename B, typename Y>
-void rows(const W* w, const float* x, const float* scale, const B* bias, Y* y, int64_t out, int64_t in, int64_t ahead) {
-  // At least 32 Ki weights a block: a small layer runs on one thread rather than pay for waking the others.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in, 1));
+void rows(const W* w, const float* x, int64_t m_rows, const float* scale, const B* bias, Y* y, int64_t out, int64_t in,
+          int64_t ahead) {
+  // At least 32 Ki multiply-adds a block: a small layer runs on one thread rather than pay for waking the others.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in * m_rows, 1));
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
-    auto write = [&](int64_t o, float d) {  // bf16: rounded to nearest even
-      y[o] = static_cast<Y>((scale ? scale[o] * d : d) + (bias ? static_cast<float>(bias[o]) : 0.f));
+    auto write = [&](int64_t m, int64_t o, float d) {  // bf16: rounded to nearest even
+      y[m * out + o] = static_cast<Y>((scale ? scale[o] * d : d) + (bias ? static_cast<float>(bias[o]) : 0.f));
     };
     int64_t o = begin;
+    if (m_rows > 1) {  // a few inputs (a small batch, speculative checks): each row once for a group of them
+      for (float d[kGroup]; o < end; ++o) {
+        const W* row = w + o * in;
+        for (int64_t m0 = 0; m0 < m_rows; m0 += kGroup) {
+          const int64_t g = std::min(kGroup, m_rows - m0), a = m0 ? 0 : ahead;  // later groups read the row from L1
+          const float* xg = x + m0 * in;
+          switch (g) {
+#if defined(__AVX512F__)
+            case 4: dots<1, 4>(row, xg, in, a, d); break;
+            case 3: dots<1, 3>(row, xg, in, a, d); break;
+#endif
+            case 2: dots<1, 2>(row, xg, in, a, d); break;
+            default: dots<1, 1>(row, xg, in, a, d); break;
+          }
+          for (int64_t i = 0; i < g; ++i) write(m0 + i, o, d[i]);
+        }
+      }
+      return;
+    }
     if constexpr (std::is_same_v<W, float>) {
       // fp32 rows two at a time where prefetching (in throw-away sweeps on an AMX Xeon, 2026-12-05, faster for GPT-2
       // small's fp32 weights, slower for its bf16 and int8 ones, so one at a time); "native" keeps one at a time: each
       // CPU times both.
       for (float d[2]; ahead && o + 2 <= end; o += 2) {
         dots<2>(w + o * in, x, in, ahead, d);
-        write(o, d[0]);
-        write(o + 1, d[1]);
+        write(0, o, d[0]);
+        write(0, o + 1, d[1]);
       }
     }
     for (float d; o < end; ++o) {
       dots<1>(w + o * in, x, in, ahead, &d);
-      write(o, d);
+      write(0, o, d);
     }
   });
 }
 
 // The typed pointers of one call: weight fp32, bf16 or int8; bias none, fp32 or bf16; y fp32 or bf16.
 template <typename Y>
-void typed(const at::Tensor& weight, const float* x, const float* scale, const at::Tensor& bias, Y* y, int64_t out, int64_t in,
-           int64_t ahead) {
+void typed(const at::Tensor& weight, const float* x, int64_t m_rows, const float* scale, const at::Tensor& bias, Y* y, int64_t out,
+           int64_t in, int64_t ahead) {
   auto with_bias = [&](const auto* w) {
     if (!bias.defined()) {
-      rows(w, x, scale, static_cast<const float*>(nullptr), y, out, in, ahead);
+      rows(w, x, m_rows, scale, static_cast<const float*>(nullptr), y, out, in, ahead);
     } else if (bias.scalar_type() == at::kBFloat16) {
-      rows(w, x, scale, bias.const_data_ptr<at::BFloat16>(), y, out, in, ahead);
+      rows(w, x, m_rows, scale, bias.const_data_ptr<at::BFloat16>(), y, out, in, ahead);
     } else {
-      rows(w, x, scale, bias.const_data_ptr<float>(), y, out, in, ahead);
+      rows(w, x, m_rows, scale, bias.const_data_ptr<float>(), y, out, in, ahead);
     }
   };
   if (weight.scalar_type() == at::kFloat) {
@@ -79,9 +110,10 @@ at::Tensor float_or_bf16(const at::Tensor& t) {
   return typed ? t.contiguous() : t.to(at::kFloat).contiguous();
 }
 
-// y (..., out) = scale * (weight x) + bias for one row x (..., in) of in elements, weight (out, in) row-major:
-// fp32 or bf16 weights (no scale), or int8 with an fp32 scale per row; x fp32 or bf16, y in x's dtype; the weights
-// prefetched `prefetch` bytes ahead (0: none).
+// y (..., out) = scale * (weight x) + bias for one row x (..., in) of in elements, or a few rows x (..., in), weight (out, in)
+// row-major: fp32 or bf16 weights (no scale), or int8 with an fp32 scale per row; x fp32 or bf16, y in x's dtype; the
+// weights prefetched `prefetch` bytes ahead (0: none). Each weight row is read once for all the rows of x, so a few rows
+// cost little more than one where the weights' streaming is the limit (which rows count as few is timed: kernel_choice.py).
 // One allocation (y) and no other torch operator a call: a bf16 x is widened here, and y written in its dtype
 // (through torch's conversions, three more operators a call took 0.48 ms of a 4.9 ms bf16 GPT-2 token).
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
@@ -96,8 +128,10 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
               "bfloat16 or int8, got ", wtype);
   TORCH_CHECK(scaled == (wtype == at::kChar), "aiayn_native::gemv: a scale goes with int8 weights, and only with them");
   const int64_t out = weight.size(0), in = weight.size(1);
-  TORCH_CHECK(x.dim() >= 1 && x.numel() == in, "aiayn_native::gemv: x has ", x.numel(), " elements in ", x.dim(),
-              " dimensions, the weight takes ", in, " in one or more");
+  const bool one = x.dim() >= 1 && x.numel() == in;  // one row, whatever its shape ((in,), (1, 1, in), ...)
+  TORCH_CHECK(one || (x.dim() >= 2 && x.size(-1) == in), "aiayn_native::gemv: x has shape ", x.sizes(),
+              ", the weight takes ", in, " features: one row of ", in, " elements or rows (..., ", in, ")");
+  const int64_t m_rows = one ? 1 : x.numel() / in;
   TORCH_CHECK(prefetch >= 0, "aiayn_native::gemv: prefetch is a distance in bytes, 0 or more, got ", prefetch);
   at::Tensor s, b;
   if (scaled) {
@@ -109,23 +143,24 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
     TORCH_CHECK(b.numel() == out, "aiayn_native::gemv: bias must have ", out, " elements, got ", b.numel());
   }
   const at::Tensor row = x.contiguous();
-  std::vector<float> widened;  // a bf16 row in fp32 (exact): the dot products read fp32
+  std::vector<float> widened;  // bf16 rows in fp32 (exact): the dot products read fp32
   const float* xp = nullptr;
   if (row.scalar_type() == at::kFloat) {
     xp = row.const_data_ptr<float>();
   } else {
     const at::BFloat16* xb = row.const_data_ptr<at::BFloat16>();
-    widened.assign(xb, xb + in);
+    widened.assign(xb, xb + m_rows * in);
     xp = widened.data();
   }
   const float* sp = scaled ? s.const_data_ptr<float>() : nullptr;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());  // x's shape, its last dimension `out`: no view after
-  shape.back() = out;
+  shape.back() = out;  // (one row of shape (in,) or (1, ..., in): the same shape with `out` last)
   at::Tensor y = at::empty(shape, x.options());
+  if (m_rows == 0) return y;  // no rows: nothing to write
   if (x.scalar_type() == at::kFloat) {
-    typed(weight, xp, sp, b, y.mutable_data_ptr<float>(), out, in, prefetch);
+    typed(weight, xp, m_rows, sp, b, y.mutable_data_ptr<float>(), out, in, prefetch);
   } else {
-    typed(weight, xp, sp, b, y.mutable_data_ptr<at::BFloat16>(), out, in, prefetch);
+    typed(weight, xp, m_rows, sp, b, y.mutable_data_ptr<at::BFloat16>(), out, in, prefetch);
   }
   return y;
 }

@@ -1,5 +1,5 @@
 """Our matrix-vector product for one row through an fp32, bf16 or weight-only int8 Linear layer (batch-1 decoding),
-built on this machine.
+or a few rows (up to :data:`FEW_ROWS`: a small batch, speculative decoding's check), built on this machine.
 
 A one-token step reads every weight once for two flops each: its speed is how fast the weights stream from memory.
 oneDNN's packed kernel and MKL's sgemm are general matrix products asked to do a matrix-vector one; the kernel in
@@ -46,7 +46,7 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
+__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
            "gemv_linear", "may_run", "tiles_available", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
@@ -70,18 +70,23 @@ DTYPES = (torch.float32, torch.bfloat16)  # the floating-point weights it takes 
 # throw-away sweeps). Other CPUs may lose by it, so both are candidates.
 PREFETCH = 16 << 10
 KERNELS = {"native": 0, "native-prefetch": PREFETCH}  # the kernel's names in the timed choice: bytes prefetched ahead
+# The most rows a call takes through the kernel where it was timed faster for several (a small batch, speculative
+# checks: each weight row read once for all of them); more rows (a prompt) take a matrix product's kernel.
+FEW_ROWS = 8
 
 
 class NativeCall(NamedTuple):
     """How a Linear layer computes a call at inference, as the C++ decoding step (``decode_step.cpp``) takes it: each
     layer class writes its own (``native_call``, beside its ``forward``). ``kind``: ``plain`` (``at::linear``), ``gemv``
-    (our matrix-vector product, ``param`` bytes prefetched), ``packed`` (oneDNN's packed ``weight``), ``int8`` or ``int4``
-    (torch's kernels; ``param``: int4's group size); ``scale``: int8's per row, int4's scales and zeros."""
+    (our matrix-vector product, ``param`` bytes prefetched), ``few`` (several rows: ours up to :data:`FEW_ROWS`, the
+    call ``beyond`` for more), ``packed`` (oneDNN's packed ``weight``), ``int8`` or ``int4`` (torch's kernels;
+    ``param``: int4's group size); ``scale``: int8's per row, int4's scales and zeros."""
 
     kind: str
     param: int
     weight: Tensor
     scale: Tensor | None
+    beyond: NativeCall | None = None
 # Whether compiled graphs call it: set before a decode step compiles (allow_in_graphs), where Inductor writes AVX-512
 # code. Under its AVX2 code (checked with ATEN_CPU_CAPABILITY=avx2 on a Zen 5 EPYC, 2026-12-04) a compiled decode step
 # around it gave NaN or wrong logits, frozen or not, while the kernel alone and a small compiled graph were right:
@@ -115,7 +120,7 @@ def gemv_linear(x: Tensor, weight: Tensor, bias: Tensor | None, prefetch: int = 
 
 
 def gemv_int8(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, prefetch: int = 0) -> Tensor:
-    """One row ``x (..., in)`` (fp32 or bf16) through int8 ``weight (out, in)`` times its fp32 ``scale (out,)``, plus
+    """One row or a few ``x (..., in)`` (fp32 or bf16) through int8 ``weight (out, in)`` times its fp32 ``scale (out,)``, plus
     ``bias``: ``x (W * scale)^T + b`` in ``x``'s dtype, the sums in fp32 (call only where :func:`available`), the
     weights prefetched ``prefetch`` bytes ahead (0: not)."""
     return torch.ops.aiayn_native.gemv(x, weight, scale, bias, prefetch)

@@ -55,9 +55,9 @@ from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.cpu import cpu_key
 from aiayn.environment import env_choice, user_cache_dir
 from aiayn.inference.gemv import DTYPES as GEMV_DTYPES
+from aiayn.inference.gemv import FEW_ROWS, gemv_int8, gemv_linear, unavailable_reason
 from aiayn.inference.gemv import KERNELS as GEMV_KERNELS
 from aiayn.inference.gemv import available as gemv_available
-from aiayn.inference.gemv import gemv_int8, gemv_linear, unavailable_reason
 from aiayn.inference.huge_pages import ENV_VAR as HUGE_PAGES_ENV_VAR
 from aiayn.inference.huge_pages import MODES as HUGE_PAGES_MODES
 from aiayn.inference.huge_pages import huge_page_bytes, huge_page_copies
@@ -66,7 +66,7 @@ from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_native", "choose_huge_pages", "ENV_VAR", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING",
+    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_native", "choose_huge_pages", "ENV_VAR", "INT8_KERNELS", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "many_row_kernels",
     "ROW_SPLITS", "TRAINING_ATTENTION", "TRAINING_ATTENTION_ENV_VAR", "attention_mode", "choose_training_attention", "training_attention_candidates", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
@@ -75,7 +75,8 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "AIAYN_LINEAR_KERNEL"
 ONE_ROW = ("plain", "packed", "split", *GEMV_KERNELS)  # the kernels for one row (native*: fp32 and bf16, where it builds)
-MANY_ROWS = ("plain", "packed")  # and for several rows
+# and for several rows (native*: up to gemv.FEW_ROWS rows, oneDNN's packed kernel for more)
+MANY_ROWS = ("plain", "packed", *GEMV_KERNELS)
 KERNELS = tuple(f"{one}/{many}" for one in ONE_ROW for many in MANY_ROWS)  # a choice: "<one row>/<several rows>"
 OVERRIDES = {"packed": "packed/packed", "plain": "plain/plain", "split": "split/plain"}
 CHOICES = ("measure", *OVERRIDES)
@@ -115,16 +116,18 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
         return [OVERRIDES[mode]] * len(weights)
 
     def timed(weight: Tensor) -> tuple[str, str]:
-        names = one_row_kernels(weight.dtype)
-        one, many = _time_kernels(weight, 1, names), _time_kernels(weight, rows, MANY_ROWS)
+        names, many_names = one_row_kernels(weight.dtype), many_row_kernels(weight.dtype, rows)
+        one, many = _time_kernels(weight, 1, names), _time_kernels(weight, rows, many_names)
         choice = f"{_fastest(one)}/{_fastest(many)}"
         return choice, (", ".join(f"{name} {one[name]:.3f}" for name in names) + " ms (1 row); "
-                        + ", ".join(f"{name} {many[name]:.3f}" for name in MANY_ROWS) + f" ms ({rows} rows) -> {choice}")
+                        + ", ".join(f"{name} {many[name]:.3f}" for name in many_names) + f" ms ({rows} rows) -> {choice}")
 
     # A cached choice of the native kernel holds only where it still loads (and for fp32 and bf16): else timed again.
     native = gemv_available() if any(w.dtype in GEMV_DTYPES for w in weights) else False
-    valid = KERNELS if native else tuple(k for k in KERNELS if k.split("/")[0] not in GEMV_KERNELS)
-    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows{_pages()}" for w in weights]
+    valid = KERNELS if native else tuple(k for k in KERNELS if not set(k.split("/")) & set(GEMV_KERNELS))
+    # "ours to N": timed with our kernel for a few rows among the candidates (choices cached before were not)
+    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows, ours to {FEW_ROWS}{_pages()}"
+              for w in weights]
     return _cached(shapes, weights, valid, timed, "Linear kernels")
 
 
@@ -135,23 +138,34 @@ def one_row_kernels(dtype: torch.dtype) -> tuple[str, ...]:
     return ONE_ROW if native else tuple(name for name in ONE_ROW if name not in GEMV_KERNELS)
 
 
+def many_row_kernels(dtype: torch.dtype, rows: int) -> tuple[str, ...]:
+    """The kernels timed for ``rows`` rows of ``dtype``: :data:`MANY_ROWS`, less the native ones for other dtypes than
+    fp32 and bf16, where it does not build, and for more rows than it takes (:data:`~aiayn.inference.gemv.FEW_ROWS`)."""
+    native = dtype in GEMV_DTYPES and rows <= FEW_ROWS and gemv_available()
+    return MANY_ROWS if native else tuple(name for name in MANY_ROWS if name not in GEMV_KERNELS)
+
+
 INT8_ONE_ROW = ("torch", *GEMV_KERNELS)  # weight-only int8, one row: torch's _weight_int8pack_mm, or our matrix-vector product
+# A weight-only int8 choice: "<one row>/<several rows>", each of INT8_ONE_ROW (several: up to gemv.FEW_ROWS through ours)
+INT8_KERNELS = tuple(f"{one}/{many}" for one in INT8_ONE_ROW for many in INT8_ONE_ROW)
 
 
-def choose_int8_kernels(weights: list[Tensor]) -> list[str]:
-    """The one-row kernel of each weight-only int8 ``weight (out, in)`` here, one of :data:`INT8_ONE_ROW` (several
-    rows always take torch's): timed once per shape and cached with the Linear kernels; any override but ``measure``
+def choose_int8_kernels(weights: list[Tensor], rows: int = FEW_ROWS) -> list[str]:
+    """The kernels of each weight-only int8 ``weight (out, in)`` here, one of :data:`INT8_KERNELS`: one row (one-token
+    decoding) and ``rows`` rows (a small batch, speculative checks; a call of more than :data:`~aiayn.inference.gemv.FEW_ROWS`
+    always takes torch's) timed apart once per shape and cached with the Linear kernels; any override but ``measure``
     takes torch's, and so does a machine where the native kernel does not build."""
     if not weights or kernel_mode() != "measure" or not gemv_available():
-        return ["torch"] * len(weights)
+        return ["torch/torch"] * len(weights)
 
     def timed(weight: Tensor) -> tuple[str, str]:
-        times = _time_kernels(weight, 1, INT8_ONE_ROW)
-        choice = _fastest(times)
-        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in INT8_ONE_ROW) + f" ms (1 row) -> {choice}"
+        one, many = _time_kernels(weight, 1, INT8_ONE_ROW), _time_kernels(weight, rows, INT8_ONE_ROW)
+        choice = f"{_fastest(one)}/{_fastest(many)}"
+        return choice, (", ".join(f"{name} {one[name]:.3f}" for name in INT8_ONE_ROW) + " ms (1 row); "
+                        + ", ".join(f"{name} {many[name]:.3f}" for name in INT8_ONE_ROW) + f" ms ({rows} rows) -> {choice}")
 
-    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1 row{_pages()}" for w in weights]
-    return _cached(shapes, weights, INT8_ONE_ROW, timed, "int8 kernels")
+    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1|{rows} rows{_pages()}" for w in weights]
+    return _cached(shapes, weights, INT8_KERNELS, timed, "int8 kernels")
 
 
 TRAINING = ("plain", "onednn")  # fp32 training: MKL through F.linear and its autograd, or oneDNN (aiayn.nn.onednn_linear)

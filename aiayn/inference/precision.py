@@ -100,25 +100,26 @@ def can_pack(weight: Tensor) -> bool:
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` (same ``weight``/``bias`` parameters, same checkpoint keys) whose inference calls take the
     kernels timed fastest here: ``one`` for one-row calls, ``many`` for several rows, each ``"packed"`` (the weight
-    also held packed for oneDNN; repacked if the weight changes), ``"plain"`` (``F.linear``) or, for one row,
-    ``"split"`` (:func:`~aiayn.inference.split_linear.split_linear`) or ``"native"`` / ``"native-prefetch"`` (our
-    matrix-vector product, :mod:`aiayn.inference.gemv`, without and with prefetching; fp32 and bf16). Training (grad
-    enabled) and other devices run the plain ``F.linear``.
+    also held packed for oneDNN; repacked if the weight changes), ``"plain"`` (``F.linear``), ``"native"`` /
+    ``"native-prefetch"`` (our matrix-vector product, :mod:`aiayn.inference.gemv`, without and with prefetching; fp32
+    and bf16; for several rows up to :data:`~aiayn.inference.gemv.FEW_ROWS`, oneDNN's packed kernel for more) or, for
+    one row, ``"split"`` (:func:`~aiayn.inference.split_linear.split_linear`). Training (grad enabled) and other
+    devices run the plain ``F.linear``.
 
     Why in fp32 too: on CPUs where MKL's sgemm is slow for a few rows (AMD EPYC here: 1.8x slower for one row
     through the 50257-word output projection, 2.6x for eight), oneDNN's packed kernel reads the weight at
     memory speed; ``docs/benchmarks.md`` has the measurement. The cost is a second copy of each weight packed.
     """
 
-    KINDS = {"one": ("plain", "packed", "split", *gemv.KERNELS), "many": ("plain", "packed")}
+    KINDS = {"one": ("plain", "packed", "split", *gemv.KERNELS), "many": ("plain", "packed", *gemv.KERNELS)}
 
     def __init__(self, linear: nn.Linear, *, one: str = "packed", many: str = "packed") -> None:
         nn.Module.__init__(self)
         for name, kernel in (("one", one), ("many", many)):
             if kernel not in self.KINDS[name]:
                 raise ValueError(f"PackedLinear: {name} must be one of {', '.join(self.KINDS[name])}, got {kernel!r}")
-        if one in gemv.KERNELS:
-            _check_native(linear.weight, one)
+        for kernel in {one, many} & set(gemv.KERNELS):
+            _check_native(linear.weight, kernel)
         self.one, self.many = one, many  # the kernels of one-row calls and of several-row calls
         self.parts = split_parts()  # the slices of a split call: set by the threads at load
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -126,7 +127,7 @@ class PackedLinear(nn.Linear):
         self.bias = linear.bias
         self._packed: Tensor | None = None
         self._packed_for: tuple = ()
-        if "packed" in (one, many):
+        if "packed" in (one, many) or many in gemv.KERNELS:  # native several rows: packed beyond FEW_ROWS
             self.refresh()
 
     def __getstate__(self) -> dict:
@@ -159,19 +160,28 @@ class PackedLinear(nn.Linear):
         decoding step; ``None`` for the split kernel (the step keeps the forward)."""
         kernel = self.one if one_row else self.many
         if kernel in gemv.KERNELS and self.weight.dtype == dtype and self.weight.is_contiguous():
-            return gemv.NativeCall("gemv", gemv.KERNELS[kernel], self.weight, None)
+            if one_row:
+                return gemv.NativeCall("gemv", gemv.KERNELS[kernel], self.weight, None)
+            return gemv.NativeCall("few", gemv.KERNELS[kernel], self.weight, None, self._packed_or_plain())
+        if kernel in gemv.KERNELS:  # another dtype or layout: the forward's F.linear
+            return gemv.NativeCall("plain", 0, self.weight, None)
         if kernel == "packed":
             self.refresh()
             if self._packed is not None:
                 return gemv.NativeCall("packed", 0, self._packed, None)
         return gemv.NativeCall("plain", 0, self.weight, None) if kernel in ("packed", "plain") else None
 
+    def _packed_or_plain(self) -> gemv.NativeCall:
+        """The C++ step's call of more rows than our kernel takes: oneDNN's packed weight, as :meth:`forward` calls it."""
+        self.refresh()
+        return gemv.NativeCall("packed", 0, self._packed, None) if self._packed is not None else gemv.NativeCall("plain", 0, self.weight, None)
+
     def forward(self, x: Tensor) -> Tensor:
         weight = self.weight  # read once: a module's parameters are looked up by nn.Module.__getattr__
         if torch.is_grad_enabled() or x.dtype != weight.dtype or not (x.is_cpu and weight.is_cpu):
             return F.linear(x, weight, self.bias)  # training, or moved: the plain path
         kernel = self.one if x.numel() == x.shape[-1] else self.many
-        if kernel in gemv.KERNELS and gemv.may_run():  # first: batch-1 decoding's kernel, called most
+        if kernel in gemv.KERNELS and gemv.may_run() and x.numel() <= gemv.FEW_ROWS * x.shape[-1]:  # first: decoding's
             return gemv.gemv_linear(x, weight, self.bias, gemv.KERNELS[kernel])
         if kernel == "plain":
             return F.linear(x, weight, self.bias)
@@ -227,14 +237,15 @@ def pack_linears(model: nn.Module, rows: int | None = None) -> int:
 
 
 def choose_int8_kernels(model: nn.Module) -> None:
-    """Set each weight-only int8 layer's one-row kernel (``one``: torch's ``_weight_int8pack_mm`` or our native
-    matrix-vector product, without or with prefetching), timed once per shape and cached as the Linear kernels are."""
+    """Set each weight-only int8 layer's kernels (``one`` for one row, ``many`` for a few: torch's
+    ``_weight_int8pack_mm`` or our native matrix-vector product, without or with prefetching), timed once per shape
+    and cached as the Linear kernels are."""
     from aiayn.inference.kernel_choice import choose_int8_kernels as choose
     from aiayn.inference.quantization import Int8Linear
 
     layers = [m for m in model.modules() if type(m) is Int8Linear and m.weight.device.type == "cpu"]
-    for layer, one in zip(layers, choose([m.weight for m in layers])):
-        layer.one = one
+    for layer, choice in zip(layers, choose([m.weight for m in layers])):
+        layer.one, layer.many = choice.split("/")
 
 
 def replace_linears(model: nn.Module, targets: list[tuple[str, nn.Linear]], make: Callable[[str, nn.Linear], nn.Module]) -> nn.Module:

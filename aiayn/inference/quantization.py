@@ -155,10 +155,11 @@ class Int8Linear(nn.Module):
         self.kernel_scale: Tensor
         self.register_buffer("kernel_scale", torch.ones(out_features, dtype=torch.bfloat16, device=device), persistent=False)
         self._kernel_key: tuple = ()
-        # One-row calls (batch-1 decoding): "torch" (_weight_int8pack_mm, bf16 activations) or "native" /
-        # "native-prefetch" (our matrix-vector product over the int8 rows, fp32 sums: aiayn.inference.gemv), set by the timed kernel choice
-        # (aiayn.inference.precision.choose_int8_kernels); several rows always take torch's.
-        self.one = "torch"
+        # The kernel of one-row calls (batch-1 decoding) and of calls of a few rows (up to gemv.FEW_ROWS: a small
+        # batch, speculative checks): "torch" (_weight_int8pack_mm, bf16 activations) or "native" / "native-prefetch"
+        # (our matrix-vector product over the int8 rows, fp32 sums: aiayn.inference.gemv), set by the timed kernel
+        # choice (aiayn.inference.precision.choose_int8_kernels); more rows (a prompt) always take torch's.
+        self.one = self.many = "torch"
         self.register_load_state_dict_post_hook(lambda module, keys: module.repack())
 
     @classmethod
@@ -191,13 +192,17 @@ class Int8Linear(nn.Module):
 
     def native_call(self, one_row: bool, dtype: torch.dtype) -> gemv.NativeCall | None:
         """How :meth:`forward` computes a call of one row (``one_row``) or several with ``dtype`` activations, for the C++
-        decoding step; ``None`` where it dequantises per call (``in_features`` not a multiple of the kernel's)."""
+        decoding step (``few``: our kernel up to :data:`~aiayn.inference.gemv.FEW_ROWS` rows, torch's for more);
+        ``None`` where it dequantises per call (``in_features`` not a multiple of the kernel's)."""
         if one_row and self.one in gemv.KERNELS and dtype in gemv.DTYPES:
             return gemv.NativeCall("gemv", gemv.KERNELS[self.one], self.weight, self.scale)
         if self.in_features % _KERNEL_K_MULTIPLE:
             return None
         self.ready(compute_dtype(dtype))
-        return gemv.NativeCall("int8", 0, self.weight, self.kernel_scale)
+        torchs = gemv.NativeCall("int8", 0, self.weight, self.kernel_scale)
+        if not one_row and self.many in gemv.KERNELS and dtype in gemv.DTYPES:
+            return gemv.NativeCall("few", gemv.KERNELS[self.many], self.weight, self.scale, torchs)
+        return torchs
 
     def dequantized(self) -> Tensor:
         """The fp32 weight ``(N, K)`` this layer computes with (for tests and error measurements)."""
@@ -205,10 +210,11 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (but one row through
-        the native kernel: fp32), and the bias is added in its own dtype (the model's) as the output widens back to it
+        the native kernel, or a few where it was timed faster: fp32), and the bias is added in its own dtype (the model's) as the output widens back to it
         (one op, no cast of the bias)."""
-        if self.one in gemv.KERNELS and x.numel() == self.in_features and x.dtype in gemv.DTYPES and gemv.may_run():
-            return gemv.gemv_int8(x, self.weight, self.scale, self.bias, gemv.KERNELS[self.one])
+        kernel = self.one if x.numel() == self.in_features else self.many if x.numel() <= gemv.FEW_ROWS * self.in_features else None
+        if kernel in gemv.KERNELS and x.dtype in gemv.DTYPES and gemv.may_run():
+            return gemv.gemv_int8(x, self.weight, self.scale, self.bias, gemv.KERNELS[kernel])
         compute = compute_dtype(x.dtype)
         flat = x.reshape(-1, self.in_features).to(compute)  # (M, K): the kernel takes 2-D inputs
         if not torch.compiler.is_compiling():

@@ -113,54 +113,80 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, 2);
 }
 
-// The dot products of R weight rows (`n` apart from one another) with x (fp32), each in four independent partial
-// sums (so the additions do not wait on one another), then summed into out[r]; `ahead` > 0 prefetches the weights
-// that many bytes ahead. With R = 2 each x vector is read once for both rows; each row's sums are the same operations
-// in the same order whatever R, so the same bits whichever rows a thread's block pairs.
-template <int R, typename W>
+// The dot products of R weight rows (`n` apart from one another) with M input rows x (fp32, also `n` apart), into
+// out[r * M + m], each in four independent partial sums (so the additions do not wait on one another); `ahead` > 0
+// prefetches the weights that many bytes ahead. Each weight vector is loaded (and widened) once for the M inputs, each
+// input vector once for the R rows; every sum is the same operations in the same order whatever R and M, so the same
+// bits whichever rows a thread's block pairs and however many inputs a call carries (one row of a batch gives what it
+// gives alone).
+template <int R, int M = 1, typename W>
 inline void dots(const W* __restrict w, const float* __restrict x, int64_t n, int64_t ahead, float* out) {
   int64_t k = 0;
 #if defined(__AVX512F__)
-  __m512 a[R][4];
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm512_setzero_ps();
+  __m512 a[R][M][4];
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < M; ++m) a[r][m][0] = a[r][m][1] = a[r][m][2] = a[r][m][3] = _mm512_setzero_ps();
+  }
   for (; k + 64 <= n; k += 64) {
     for (int r = 0; r < R && ahead; ++r) prefetch_l2(reinterpret_cast<const char*>(w + r * n + k) + ahead, 64 * sizeof(W));
     for (int j = 0; j < 4; ++j) {
-      const __m512 xj = _mm512_loadu_ps(x + k + 16 * j);
-      for (int r = 0; r < R; ++r) a[r][j] = _mm512_fmadd_ps(load16(w + r * n + k + 16 * j), xj, a[r][j]);
+      __m512 wj[R];
+      for (int r = 0; r < R; ++r) wj[r] = load16(w + r * n + k + 16 * j);
+      for (int m = 0; m < M; ++m) {
+        const __m512 xj = _mm512_loadu_ps(x + m * n + k + 16 * j);
+        for (int r = 0; r < R; ++r) a[r][m][j] = _mm512_fmadd_ps(wj[r], xj, a[r][m][j]);
+      }
     }
   }
   for (; k + 16 <= n; k += 16) {
-    const __m512 xk = _mm512_loadu_ps(x + k);
-    for (int r = 0; r < R; ++r) a[r][0] = _mm512_fmadd_ps(load16(w + r * n + k), xk, a[r][0]);
+    for (int r = 0; r < R; ++r) {
+      const __m512 wk = load16(w + r * n + k);
+      for (int m = 0; m < M; ++m) a[r][m][0] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + m * n + k), a[r][m][0]);
+    }
   }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3])));
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < M; ++m) {
+      out[r * M + m] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[r][m][0], a[r][m][1]), _mm512_add_ps(a[r][m][2], a[r][m][3])));
+    }
+  }
 #elif defined(__AVX2__) && defined(__FMA__)
-  __m256 a[R][4];
-  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = a[r][2] = a[r][3] = _mm256_setzero_ps();
+  __m256 a[R][M][4];
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < M; ++m) a[r][m][0] = a[r][m][1] = a[r][m][2] = a[r][m][3] = _mm256_setzero_ps();
+  }
   for (; k + 32 <= n; k += 32) {
     for (int r = 0; r < R && ahead; ++r) prefetch_l2(reinterpret_cast<const char*>(w + r * n + k) + ahead, 32 * sizeof(W));
     for (int j = 0; j < 4; ++j) {
-      const __m256 xj = _mm256_loadu_ps(x + k + 8 * j);
-      for (int r = 0; r < R; ++r) a[r][j] = _mm256_fmadd_ps(load8(w + r * n + k + 8 * j), xj, a[r][j]);
+      __m256 wj[R];
+      for (int r = 0; r < R; ++r) wj[r] = load8(w + r * n + k + 8 * j);
+      for (int m = 0; m < M; ++m) {
+        const __m256 xj = _mm256_loadu_ps(x + m * n + k + 8 * j);
+        for (int r = 0; r < R; ++r) a[r][m][j] = _mm256_fmadd_ps(wj[r], xj, a[r][m][j]);
+      }
     }
   }
   for (; k + 8 <= n; k += 8) {
-    const __m256 xk = _mm256_loadu_ps(x + k);
-    for (int r = 0; r < R; ++r) a[r][0] = _mm256_fmadd_ps(load8(w + r * n + k), xk, a[r][0]);
+    for (int r = 0; r < R; ++r) {
+      const __m256 wk = load8(w + r * n + k);
+      for (int m = 0; m < M; ++m) a[r][m][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x + m * n + k), a[r][m][0]);
+    }
   }
   for (int r = 0; r < R; ++r) {
-    const __m256 s = _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3]));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    out[r] = _mm_cvtss_f32(h);
+    for (int m = 0; m < M; ++m) {
+      const __m256 s = _mm256_add_ps(_mm256_add_ps(a[r][m][0], a[r][m][1]), _mm256_add_ps(a[r][m][2], a[r][m][3]));
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_add_ss(h, _mm_movehdup_ps(h));
+      out[r * M + m] = _mm_cvtss_f32(h);
+    }
   }
 #else
-  for (int r = 0; r < R; ++r) out[r] = 0.f;
+  for (int i = 0; i < R * M; ++i) out[i] = 0.f;
 #endif
   for (int r = 0; r < R; ++r) {
-    for (int64_t i = k; i < n; ++i) out[r] += static_cast<float>(w[r * n + i]) * x[i];
+    for (int m = 0; m < M; ++m) {
+      for (int64_t i = k; i < n; ++i) out[r * M + m] += static_cast<float>(w[r * n + i]) * x[m * n + i];
+    }
   }
 }
 

@@ -22,14 +22,14 @@ def _loaded(dtype=None, quantize=None, **overrides):
     return prepare_for_inference(gpt(**overrides), dtype=dtype, quantize=quantize)
 
 
-def _kernels(model, one, many="packed", int8="native"):
-    """Every floating-point Linear's one-row and several-row kernel, and every int8 layer's one-row kernel, set by hand."""
+def _kernels(model, one, many="packed", int8="native", int8_many="torch"):
+    """Every floating-point Linear's one-row and several-row kernel, and every int8 layer's, set by hand."""
     for module in model.modules():
         if isinstance(module, PackedLinear):
             module.one, module.many = one, many
             module.refresh()
         elif isinstance(module, Int8Linear):
-            module.one = int8
+            module.one, module.many = int8, int8_many
 
 
 def _teacher_forced(decoder, ids, mask):
@@ -81,11 +81,25 @@ def test_other_layer_kinds_give_the_eager_logits(native_gemv, monkeypatch, overr
     _assert_same_logits(model, tolerance=1e-6)
 
 
-@pytest.mark.parametrize(("quantize", "int8"), [("int8", "native"), ("int8", "torch"), ("int4", None)])
-def test_quantised_layers_give_the_eager_logits(native_gemv, quantize, int8):
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("many", ["native", "native-prefetch"])
+def test_several_rows_through_our_kernel_give_the_eager_logits(native_gemv, dtype, many):
+    """Several rows through our kernel: the steps of three rows up to gemv.FEW_ROWS, the check of three tokens a row
+    (nine rows) and the prompt beyond it through oneDNN's packed weight, as the eager forward takes them."""
+    model = _loaded(dtype)
+    _kernels(model, "native", many=many)
+    _assert_same_logits(model)
+
+
+@pytest.mark.parametrize(("quantize", "int8", "int8_many"), [
+    ("int8", "native", "torch"), ("int8", "torch", "torch"), ("int8", "native-prefetch", "native"), ("int8", "torch", "native-prefetch"),
+    ("int4", None, None)])
+def test_quantised_layers_give_the_eager_logits(native_gemv, quantize, int8, int8_many):
+    """int8 several rows through ours: the steps of three rows and the check of three tokens a row (nine rows: more
+    than gemv.FEW_ROWS, so torch's) and the prompt each take the kernel the eager forward takes."""
     model = _loaded(quantize=quantize, d_model=64, d_ff=128)  # int4 groups of 32 inputs
     if int8 is not None:
-        _kernels(model, "packed", int8=int8)
+        _kernels(model, "packed", int8=int8, int8_many=int8_many)
     _assert_same_logits(model)
 
 

@@ -42,7 +42,7 @@ def test_the_operator_gives_the_rows_shape_itself(native_gemv):
     w = torch.randn(6, 4)
     for shape in [(4,), (1, 4), (1, 1, 4)]:
         assert torch.ops.aiayn_native.gemv(torch.randn(shape), w, None, None, 0).shape == (*shape[:-1], 6)
-    with pytest.raises(RuntimeError, match="one or more"):
+    with pytest.raises(RuntimeError, match=r"x has shape \[\], the weight takes 1 features: one row of 1 elements or rows"):
         torch.ops.aiayn_native.gemv(torch.tensor(1.0), torch.randn(6, 1), None, None, 0)
 
 
@@ -109,6 +109,71 @@ def test_an_int8_layer_through_it_computes_its_dequantized_weight(native_gemv):
         torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.dequantized(), layer.bias), rtol=1e-5, atol=1e-5)
         rows = torch.randn(3, 96)  # several rows: torch's kernel, as before
         torch.testing.assert_close(layer(rows), torch.nn.functional.linear(rows, layer.dequantized(), layer.bias), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_few_rows_give_each_rows_own_result_bit_for_bit(native_gemv, threads):
+    """Several rows read each weight row once for all of them; every row's sums are the operations of its call alone, so
+    a row of a batch gives exactly what it gives alone (batched decoding = one row at a time), for every width the
+    loops and their tails meet, fp32, bf16 and int8 weights, fp32 and bf16 rows, with and without prefetching."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        for out_features, in_features in [(3, 5), (17, 100), (40, 64), (9, 200), (130, 768), (7, 3072)]:
+            w, b = torch.randn(out_features, in_features), torch.randn(out_features)
+            q = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8)
+            scale = torch.rand(out_features) + 0.1
+            for rows in (2, 3, 4, 5, 8):
+                x = torch.randn(rows, in_features)
+                for prefetch in (0, gemv.PREFETCH):
+                    cases = [(gemv.gemv_linear, (w, b)), (gemv.gemv_linear, (w.bfloat16(), b.bfloat16())), (gemv.gemv_int8, (q, scale, b))]
+                    for call, args in cases:
+                        xs = x.to(args[0].dtype) if args[0].is_floating_point() else x
+                        for inputs in (xs, xs.bfloat16()) if call is gemv.gemv_int8 else (xs,):
+                            y = call(inputs, *args, prefetch)
+                            alone = torch.stack([call(row, *args, prefetch) for row in inputs])
+                            assert y.shape == (rows, out_features) and y.dtype == inputs.dtype
+                            assert torch.equal(y, alone), (call.__name__, out_features, in_features, rows, prefetch, inputs.dtype)
+            ref = torch.nn.functional.linear(x.double(), q.double() * scale.double()[:, None], b.double())
+            torch.testing.assert_close(gemv.gemv_int8(x, q, scale, b).double(), ref, rtol=1e-5, atol=1e-4 * in_features ** 0.5)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_rows_of_another_width_and_no_rows(native_gemv):
+    w = torch.randn(4, 6)
+    with pytest.raises(RuntimeError, match=r"x has shape \[2, 5\], the weight takes 6 features: one row of 6 elements or rows \(\.\.\., 6\)"):
+        gemv.gemv_linear(torch.randn(2, 5), w, None)
+    assert gemv.gemv_int8(torch.randn(0, 6), torch.zeros(4, 6, dtype=torch.int8), torch.ones(4), None).shape == (0, 4)
+
+
+def test_an_int8_layer_takes_its_timed_kernel_for_a_few_rows_and_torchs_for_more(native_gemv):
+    from aiayn.inference.quantization import Int8Linear
+
+    torch.manual_seed(0)
+    layer = Int8Linear.from_linear(nn.Linear(96, 40))
+    layer.many = "native"
+    exact = lambda x: torch.nn.functional.linear(x, layer.dequantized(), layer.bias)  # noqa: E731
+    with torch.no_grad():
+        few = torch.randn(2, gemv.FEW_ROWS // 2, 96)  # FEW_ROWS rows: ours, fp32 sums of the int8 grid
+        torch.testing.assert_close(layer(few), exact(few), rtol=1e-5, atol=1e-5)
+        more = torch.randn(gemv.FEW_ROWS + 1, 96)  # more: torch's, with bf16 activations
+        assert not torch.allclose(layer(more), exact(more), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer(more), exact(more), rtol=2e-2, atol=2e-2)
+
+
+def test_a_layer_takes_its_kernel_for_a_few_rows_and_onednns_packed_weight_beyond(native_gemv, monkeypatch):
+    torch.manual_seed(0)
+    layer = PackedLinear(nn.Linear(96, 40), one="native", many="native-prefetch")
+    assert layer._packed is not None  # held for the calls beyond FEW_ROWS
+    packed = []
+    monkeypatch.setattr(layer, "packed_forward", lambda x: packed.append(x.shape[:-1].numel()) or torch.nn.functional.linear(x, layer.weight, layer.bias))
+    with torch.no_grad():
+        few = torch.randn(2, gemv.FEW_ROWS // 2, 96)
+        assert torch.equal(layer(few), gemv.gemv_linear(few, layer.weight, layer.bias, gemv.PREFETCH))
+        layer(torch.randn(gemv.FEW_ROWS + 1, 96))
+    assert packed == [gemv.FEW_ROWS + 1]
 
 
 def test_other_dtypes_and_strided_weights_take_f_linear(native_gemv):

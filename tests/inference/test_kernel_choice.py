@@ -47,12 +47,12 @@ def test_the_faster_kernel_is_kept_per_shape_and_regime_and_cached(cache, monkey
     model = three_layers()
     with caplog.at_level(logging.INFO, logger="aiayn.inference.kernel_choice"):
         assert pack_linears(model) == 3
-    assert ("8->16 float32 1|8 rows: plain 2.000, packed 1.000, split 3.000 ms (1 row); plain 2.000, packed 1.000 ms (8 rows) "
+    assert ("8->16 float32 1|8 rows, ours to 8: plain 2.000, packed 1.000, split 3.000 ms (1 row); plain 2.000, packed 1.000 ms (8 rows) "
             "-> packed/packed") in caplog.text
     assert kinds(model) == ["packed/packed", "split/plain", "packed/packed"]
     assert sorted(calls) == [(8, 1), (8, 8), (16, 1), (16, 8)]  # the third layer's shape was already decided
     table = json.loads(cache.read_text())
-    assert table[kernel_choice.machine_key()] == {"8->16 float32 1|8 rows": "packed/packed", "16->8 float32 1|8 rows": "split/plain"}
+    assert table[kernel_choice.machine_key()] == {"8->16 float32 1|8 rows, ours to 8": "packed/packed", "16->8 float32 1|8 rows, ours to 8": "split/plain"}
 
 
 @pytest.mark.parametrize("fastest", ["native", "native-prefetch"])
@@ -68,38 +68,46 @@ def test_the_native_kernel_is_timed_for_fp32_where_it_builds_and_a_stale_choice_
     monkeypatch.setattr(kernel_choice, "_time_kernels", timed)
     model = three_layers()
     pack_linears(model)
-    assert kinds(model) == [f"{fastest}/packed"] * 3
+    assert kinds(model) == [f"{fastest}/{fastest}"] * 3  # one row and eight rows
     native = ("plain", "packed", "split", "native", "native-prefetch")
     assert (torch.float32, 1, native) in names_timed
+    assert (torch.float32, 8, ("plain", "packed", "native", "native-prefetch")) in names_timed
     assert kernel_choice.one_row_kernels(torch.bfloat16) == native
     assert kernel_choice.one_row_kernels(torch.float16) == ("plain", "packed", "split")  # not a candidate
+    assert kernel_choice.many_row_kernels(torch.float32, 9) == ("plain", "packed")  # more rows than it takes
     names_timed.clear()
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: False)  # e.g. the compiler is gone: the cached choice is stale
     other = three_layers()
     pack_linears(other)
     assert kinds(other) == ["packed/packed"] * 3
     assert (torch.float32, 1, ("plain", "packed", "split")) in names_timed
+    assert (torch.float32, 8, ("plain", "packed")) in names_timed
 
 
-def test_int8_layers_take_the_faster_one_row_kernel_cached_and_the_override_takes_torchs(native_gemv, cache, monkeypatch):
+def test_int8_layers_take_the_faster_kernel_of_one_row_and_of_a_few_cached_and_the_override_takes_torchs(native_gemv, cache, monkeypatch):
     from aiayn.inference.quantization import quantize_int8
 
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
     timed = []
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: timed.append((w.dtype, rows, names)) or
-                        {"torch": 2.0 if w.shape[0] == 16 else 1.0, "native": 1.5, "native-prefetch": 1.6})
+
+    def fake_times(w, rows, names):  # one row: native wins the 8 -> 16 shape; eight rows: torch wins it
+        timed.append((w.dtype, rows, names))
+        slow = (w.shape[0] == 16) == (rows == 1)
+        return {"torch": 2.0 if slow else 1.0, "native": 1.5, "native-prefetch": 1.4 if rows > 1 else 1.6}
+
+    monkeypatch.setattr(kernel_choice, "_time_kernels", fake_times)
     model = quantize_int8(three_layers())
     pack_linears(model)
-    assert [m.one for m in model] == ["native", "torch", "native"]
-    assert timed == [(torch.int8, 1, ("torch", "native", "native-prefetch"))] * 2  # two shapes
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1 row"] == "native"
+    assert [(m.one, m.many) for m in model] == [("native", "torch"), ("torch", "native-prefetch"), ("native", "torch")]
+    assert timed == [(torch.int8, rows, ("torch", "native", "native-prefetch")) for _ in range(2) for rows in (1, 8)]
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1|8 rows"] == "native/torch"
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed a shape the cache decides"))
     again = quantize_int8(three_layers())
     pack_linears(again)
-    assert [m.one for m in again] == ["native", "torch", "native"]
+    assert [(m.one, m.many) for m in again] == [("native", "torch"), ("torch", "native-prefetch"), ("native", "torch")]
     monkeypatch.setenv(kernel_choice.ENV_VAR, "packed")
     pack_linears(again)
-    assert [m.one for m in again] == ["torch"] * 3
+    assert [(m.one, m.many) for m in again] == [("torch", "torch")] * 3
 
 
 def test_packed_is_kept_only_when_3_percent_faster():
@@ -123,13 +131,13 @@ def test_a_layer_runs_each_regime_through_its_own_kernel(monkeypatch):
             torch.testing.assert_close(split(x), torch.nn.functional.linear(x, split.weight, split.bias))
     with pytest.raises(ValueError, match="PackedLinear: one must be one of plain, packed, split, native, native-prefetch, got 'two'"):
         PackedLinear(nn.Linear(8, 4), one="two")
-    with pytest.raises(ValueError, match="PackedLinear: many must be one of plain, packed, got 'split'"):
+    with pytest.raises(ValueError, match="PackedLinear: many must be one of plain, packed, native, native-prefetch, got 'split'"):
         PackedLinear(nn.Linear(8, 4), many="split")
 
 
 def test_a_cached_choice_is_obeyed_without_timing(cache, monkeypatch):
     cache.parent.mkdir(parents=True)
-    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->16 float32 1|8 rows": "plain/plain", "16->8 float32 1|8 rows": "split/packed"}}))
+    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->16 float32 1|8 rows, ours to 8": "plain/plain", "16->8 float32 1|8 rows, ours to 8": "split/packed"}}))
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed a shape the cache decides"))
     model = three_layers()
     pack_linears(model)
@@ -141,12 +149,12 @@ def test_a_cached_choice_is_obeyed_without_timing(cache, monkeypatch):
 
 def test_a_choice_of_an_older_cache_format_is_timed_again(cache, monkeypatch):
     cache.parent.mkdir(parents=True)
-    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->4 float32 1|8 rows": "packed-one-row"}}))
+    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->4 float32 1|8 rows, ours to 8": "packed-one-row"}}))
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: {n: 2.0 if n == "packed" else 1.0 for n in names})
     model = nn.Sequential(nn.Linear(8, 4))
     pack_linears(model)
     assert kinds(model) == ["plain/plain"]
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows": "plain/plain"}
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows, ours to 8": "plain/plain"}
 
 
 def test_the_override_is_obeyed_and_an_unknown_one_named(cache, monkeypatch):
@@ -169,7 +177,7 @@ def test_a_corrupt_cache_is_ignored_with_a_warning_and_rebuilt(cache, caplog):
         pack_linears(model)  # real timings of both kernels
     assert "corrupt kernel-choice cache" in caplog.text
     table = json.loads(cache.read_text())
-    assert table[kernel_choice.machine_key()]["8->4 float32 1|8 rows"] in kernel_choice.KERNELS
+    assert table[kernel_choice.machine_key()]["8->4 float32 1|8 rows, ours to 8"] in kernel_choice.KERNELS
     x = torch.randn(3, 8)
     with torch.no_grad():
         torch.testing.assert_close(model[0](x), torch.nn.functional.linear(x, model[0].weight, model[0].bias))
@@ -225,7 +233,7 @@ def test_a_choice_timed_while_other_work_ran_is_used_but_not_cached(cache, monke
     assert "timed while other work took 60% of a core" in caplog.text and "timed again at the next load" in caplog.text
     monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)
     pack_linears(nn.Sequential(nn.Linear(8, 4)))  # quiet now: timed again and kept
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows": "plain/plain"}
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows, ours to 8": "plain/plain"}
 
 
 def test_other_work_is_measured_from_proc_stat():
