@@ -48,7 +48,7 @@ def test_values_and_gradients_are_attentions_in_float64(native_gemv, dtype, batc
 def tiles(native_gemv):
     """bf16 attention by oneDNN's small-matrix kernel, skipped with the reason where torch cannot pack bf16 operands."""
     if not native_gemv.tiles_available():
-        pytest.skip("torch's small-matrix kernel takes no packed bf16 operands on this CPU (no AMX or AVX512-BF16)")
+        pytest.skip("torch's small-matrix kernel takes no packed bf16 operands on this CPU (it did with AMX, not on a Zen 4 with AVX512-BF16)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -59,7 +59,7 @@ def test_tiles_values_and_gradients_are_attentions_in_float64(native_gemv, dtype
     """The kernel on oneDNN's small-matrix products: the same attention as float64's within fp32's, or bf16's rounding
     (the weights and their gradient rounded to bf16 for the products that take them), over sizes off its 64 x 64 blocks."""
     if dtype == torch.bfloat16 and not native_gemv.tiles_available():
-        pytest.skip("torch's small-matrix kernel takes no packed bf16 operands on this CPU (no AMX or AVX512-BF16)")
+        pytest.skip("torch's small-matrix kernel takes no packed bf16 operands on this CPU (it did with AMX, not on a Zen 4 with AVX512-BF16)")
     q, k, v = _qkv(batch, heads, t, s, d, dtype, seed=t + d)
     grad = torch.randn(batch, heads, t, d).to(dtype)
     inputs = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -204,7 +204,7 @@ def test_an_lm_run_through_our_attention_and_loss_resumes_bit_for_bit(native_gem
     """``aiayn train`` of a language model with our attention and our loss forced: 4 steps straight == 2 steps, stop,
     resume to 4 (every kernel gives each row and head to one thread: the same bits whatever the run)."""
     if kernel == "native-tiles" and precision == "bf16" and not native_gemv.tiles_available():
-        pytest.skip("torch's small-matrix kernel takes no packed bf16 operands on this CPU (no AMX or AVX512-BF16)")
+        pytest.skip("torch's small-matrix kernel takes no packed bf16 operands on this CPU (it did with AMX, not on a Zen 4 with AVX512-BF16)")
     from loop_fixtures import lm_config
 
     from aiayn.checkpoint.weights import read_safetensors
