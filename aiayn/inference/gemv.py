@@ -46,7 +46,7 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
+__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
            "gemv_linear", "may_run", "tiles_available", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,12 @@ def gemv_linear(x: Tensor, weight: Tensor, bias: Tensor | None, prefetch: int = 
     if x.dtype != weight.dtype or weight.dtype not in DTYPES or not weight.is_contiguous():
         return F.linear(x, weight, bias)
     return torch.ops.aiayn_native.gemv(x, weight, None, bias, prefetch)
+
+
+def few_rows(x: Tensor, in_features: int) -> bool:
+    """Whether ``x (..., in_features)`` holds at most :data:`FEW_ROWS` rows: what a layer sends to this kernel when it
+    was timed faster for several (``decode_step.cpp``'s ``few`` Linear kind asks the same of its calls)."""
+    return x.numel() <= FEW_ROWS * in_features
 
 
 def gemv_int8(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, prefetch: int = 0) -> Tensor:

@@ -181,7 +181,7 @@ class PackedLinear(nn.Linear):
         if torch.is_grad_enabled() or x.dtype != weight.dtype or not (x.is_cpu and weight.is_cpu):
             return F.linear(x, weight, self.bias)  # training, or moved: the plain path
         kernel = self.one if x.numel() == x.shape[-1] else self.many
-        if kernel in gemv.KERNELS and gemv.may_run() and x.numel() <= gemv.FEW_ROWS * x.shape[-1]:  # first: decoding's
+        if kernel in gemv.KERNELS and gemv.may_run() and gemv.few_rows(x, self.in_features):  # first: decoding's
             return gemv.gemv_linear(x, weight, self.bias, gemv.KERNELS[kernel])
         if kernel == "plain":
             return F.linear(x, weight, self.bias)
