@@ -48,6 +48,17 @@ inline void weighted_rows(const float* __restrict p, const T* __restrict v, int6
   }
 }
 
+// Ask for `rows` rows of n elements, `stride` apart, into L2. A decoding step's cache comes from memory (a token's
+// weights stream through the caches between two reads of it); without this, a pair's keys arrive one miss at a time.
+template <typename T>
+inline void prefetch_rows(const T* p, int64_t rows, int64_t stride, int64_t n) {
+  if (stride == n) {
+    prefetch_l2(p, rows * n * static_cast<int64_t>(sizeof(T)));
+    return;
+  }
+  for (int64_t s = 0; s < rows; ++s) prefetch_l2(p + s * stride, n * static_cast<int64_t>(sizeof(T)));
+}
+
 // x[i] = exp(x[i] - top) for i < n; returns their sum (arguments clamped at -87, so a masked key's -inf gives about
 // 1e-38, nothing beside the largest term's 1).
 inline float exp_shifted(float* x, int64_t n, float top) {
@@ -88,6 +99,11 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
     std::vector<float> query(dim), score(keys), sum(dim);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads, kv = h / group;
+      if (bh + 1 < end) {  // the next pair's keys and values asked for now: they arrive while this pair computes
+        const int64_t nb = (bh + 1) / heads, nkv = ((bh + 1) % heads) / group;
+        prefetch_rows(kp + nb * k.stride(0) + nkv * k.stride(1), keys, k_row, dim);
+        prefetch_rows(vp + nb * v.stride(0) + nkv * v.stride(1), keys, v_row, dim);
+      }
       const T* qr = qp + b * q.stride(0) + h * q.stride(1);
       for (int64_t d = 0; d < dim; ++d) query[d] = static_cast<float>(qr[d]) * static_cast<float>(scale);
       const T* kb = kp + b * k.stride(0) + kv * k.stride(1);
