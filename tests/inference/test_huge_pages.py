@@ -112,9 +112,25 @@ def test_huge_pages_are_kept_where_timed_two_percent_faster_and_the_answer_cache
     assert kernel_choice.choose_huge_pages() is chosen
     assert kernel_choice._pages() == (", huge pages" if chosen else "")  # the kernels' choices are then timed on those pages
     table = json.loads(choice.read_text())[kernel_choice.machine_key()]
-    assert table == {"weights on huge pages (one row, 768->3072 float32, cold)": "on" if chosen else "off"}
+    assert table == {"weights on huge pages (one row, 768->3072 float32, cold, fastest kernel)": "on" if chosen else "off"}
     kernel_choice._HUGE_PAGES_CHOSEN.clear()  # a new process: read from the cache, not timed
     assert kernel_choice.choose_huge_pages() is chosen and len(calls) == 1
+
+
+@needs_thp
+def test_the_placement_is_timed_with_each_kernel_that_reads_the_weight_where_it_lies(monkeypatch):
+    """Each placement's time is its fastest kernel's: the kernels a load chooses from, not MKL's alone (which, slower
+    than memory on a Zen 4, hid what huge pages give ours); oneDNN's packed copy and the split weight are not placed."""
+    monkeypatch.setattr(kernel_choice, "_cold_copies", lambda size: 2)  # a quick timing: what is timed is the point here
+    kernels = kernel_choice.huge_page_kernels()
+    assert "plain" in kernels and not {"packed", "split"} & set(kernels)
+    assert set(kernels) - {"plain"} == (set(kernel_choice.GEMV_KERNELS) if kernel_choice.gemv_available() else set())
+    times = kernel_choice._time_huge_pages(rounds=1)
+    if times is None:
+        pytest.skip("the system gave the timing no huge pages now (memory fragmented)")
+    assert set(times) == {"4 KiB pages", "huge pages"} | {f"{where}, {k}" for where in ("4 KiB pages", "huge pages") for k in kernels}
+    for where in ("4 KiB pages", "huge pages"):
+        assert times[where] == min(times[f"{where}, {k}"] for k in kernels) > 0
 
 
 def test_a_timing_the_system_gave_no_huge_pages_places_nothing_and_caches_nothing(choice, monkeypatch):
