@@ -493,7 +493,7 @@ def _time_huge_pages(rounds: int = 5) -> dict[str, float] | None:
                 call()
         return run
 
-    runs = {f"{where}, {kernel}": on(weights, kernel) for kernel in huge_page_kernels()
+    runs: dict[str, Callable[[], object]] = {f"{where}, {kernel}": on(weights, kernel) for kernel in huge_page_kernels()
             for where, weights in (("4 KiB pages", small), ("huge pages", huge))}
     with torch.no_grad():
         times = _fastest_rounds(runs, rounds, per=copies)
