@@ -128,8 +128,8 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
     native = gemv_available() if any(w.dtype in GEMV_DTYPES for w in weights) else False
     valid = KERNELS if native else tuple(k for k in KERNELS if not set(k.split("/")) & set(GEMV_KERNELS))
     # "ours to N": timed with our kernel for a few rows among the candidates (choices cached before were not)
-    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows, ours to {FEW_ROWS}{_pages()}"
-              for w in weights]
+    shapes = [f"{w.shape[1]}->{w.shape[0]} {str(w.dtype).removeprefix('torch.')} 1|{rows} rows, ours to {FEW_ROWS}"
+              f"{PREFETCH_FIRST}{_pages()}" for w in weights]
     return _cached(shapes, weights, valid, timed, "Linear kernels")
 
 
@@ -166,7 +166,7 @@ def choose_int8_kernels(weights: list[Tensor], rows: int = FEW_ROWS) -> list[str
         return choice, (", ".join(f"{name} {one[name]:.3f}" for name in INT8_ONE_ROW) + " ms (1 row); "
                         + ", ".join(f"{name} {many[name]:.3f}" for name in INT8_ONE_ROW) + f" ms ({rows} rows) -> {choice}")
 
-    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1|{rows} rows{_pages()}" for w in weights]
+    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1|{rows} rows{PREFETCH_FIRST}{_pages()}" for w in weights]
     return _cached(shapes, weights, INT8_KERNELS, timed, "int8 kernels")
 
 
@@ -680,8 +680,20 @@ def _others_share(start: tuple[float, float, float] | None, end: tuple[float, fl
 
 
 def _fastest(times: dict[str, float]) -> str:
-    """The kernel of least time, oneDNN's counted :data:`MARGIN` slower (it costs a second copy of the weight)."""
-    return min(times, key=lambda name: times[name] / (MARGIN if name == "packed" else 1.0))
+    """The kernel of least time, oneDNN's counted :data:`MARGIN` slower (it costs a second copy of the weight), and
+    ours without prefetching too where ours with it was timed (:data:`PREFETCH_FIRST`)."""
+    def counted(name: str) -> float:
+        slower = name == "packed" or (name == "native" and "native-prefetch" in times)
+        return times[name] / (MARGIN if slower else 1.0)
+    return min(times, key=counted)
+
+
+# Ours without prefetching is kept only where timed 3% faster than with it. One weight timed alone, the two are within
+# the host's noise of each other (on a Zen 4 EPYC either won by 14-19% from one timing to the next), where a token's
+# weight reads in decoding order ran as fast or faster with prefetching on both CPUs measured (`python
+# benchmarks/generation.py --token-chain`: AMX Xeon fp32 1.12-1.13x, bf16 1.29x, int8 1.63-1.76x; Zen 4 EPYC fp32
+# 0.99-1.00x, bf16 1.16-1.22x, int8 1.12-1.17x; docs/benchmarks.md). In the cache keys, so choices made before are timed again.
+PREFETCH_FIRST = ", prefetch first"
 
 
 def _read(path: Path) -> dict:

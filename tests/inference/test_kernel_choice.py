@@ -47,12 +47,12 @@ def test_the_faster_kernel_is_kept_per_shape_and_regime_and_cached(cache, monkey
     model = three_layers()
     with caplog.at_level(logging.INFO, logger="aiayn.inference.kernel_choice"):
         assert pack_linears(model) == 3
-    assert ("8->16 float32 1|8 rows, ours to 8: plain 2.000, packed 1.000, split 3.000 ms (1 row); plain 2.000, packed 1.000 ms (8 rows) "
+    assert ("8->16 float32 1|8 rows, ours to 8, prefetch first: plain 2.000, packed 1.000, split 3.000 ms (1 row); plain 2.000, packed 1.000 ms (8 rows) "
             "-> packed/packed") in caplog.text
     assert kinds(model) == ["packed/packed", "split/plain", "packed/packed"]
     assert sorted(calls) == [(8, 1), (8, 8), (16, 1), (16, 8)]  # the third layer's shape was already decided
     table = json.loads(cache.read_text())
-    assert table[kernel_choice.machine_key()] == {"8->16 float32 1|8 rows, ours to 8": "packed/packed", "16->8 float32 1|8 rows, ours to 8": "split/plain"}
+    assert table[kernel_choice.machine_key()] == {"8->16 float32 1|8 rows, ours to 8, prefetch first": "packed/packed", "16->8 float32 1|8 rows, ours to 8, prefetch first": "split/plain"}
 
 
 @pytest.mark.parametrize("fastest", ["native", "native-prefetch"])
@@ -100,7 +100,7 @@ def test_int8_layers_take_the_faster_kernel_of_one_row_and_of_a_few_cached_and_t
     pack_linears(model)
     assert [(m.one, m.many) for m in model] == [("native", "torch"), ("torch", "native-prefetch"), ("native", "torch")]
     assert timed == [(torch.int8, rows, ("torch", "native", "native-prefetch")) for _ in range(2) for rows in (1, 8)]
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1|8 rows"] == "native/torch"
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1|8 rows, prefetch first"] == "native/torch"
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed a shape the cache decides"))
     again = quantize_int8(three_layers())
     pack_linears(again)
@@ -114,6 +114,13 @@ def test_packed_is_kept_only_when_3_percent_faster():
     assert kernel_choice._fastest({"plain": 1.0, "packed": 0.98}) == "plain"  # not worth a second copy of the weight
     assert kernel_choice._fastest({"plain": 1.0, "packed": 0.96, "split": 0.97}) == "split"
     assert kernel_choice._fastest({"plain": 1.0, "packed": 0.96, "split": 0.999}) == "packed"
+
+
+def test_ours_without_prefetching_is_kept_only_when_3_percent_faster_than_with_it():
+    assert kernel_choice._fastest({"native": 0.98, "native-prefetch": 1.0}) == "native-prefetch"  # within the noise
+    assert kernel_choice._fastest({"native": 0.96, "native-prefetch": 1.0, "plain": 1.1}) == "native"
+    assert kernel_choice._fastest({"torch": 1.0, "native": 0.99}) == "native"  # no prefetching candidate: as timed
+    assert kernel_choice._fastest({"plain": 0.99, "native": 0.98, "native-prefetch": 1.0}) == "plain"
 
 
 def test_a_layer_runs_each_regime_through_its_own_kernel(monkeypatch):
@@ -137,7 +144,7 @@ def test_a_layer_runs_each_regime_through_its_own_kernel(monkeypatch):
 
 def test_a_cached_choice_is_obeyed_without_timing(cache, monkeypatch):
     cache.parent.mkdir(parents=True)
-    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->16 float32 1|8 rows, ours to 8": "plain/plain", "16->8 float32 1|8 rows, ours to 8": "split/packed"}}))
+    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->16 float32 1|8 rows, ours to 8, prefetch first": "plain/plain", "16->8 float32 1|8 rows, ours to 8, prefetch first": "split/packed"}}))
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed a shape the cache decides"))
     model = three_layers()
     pack_linears(model)
@@ -149,12 +156,12 @@ def test_a_cached_choice_is_obeyed_without_timing(cache, monkeypatch):
 
 def test_a_choice_of_an_older_cache_format_is_timed_again(cache, monkeypatch):
     cache.parent.mkdir(parents=True)
-    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->4 float32 1|8 rows, ours to 8": "packed-one-row"}}))
+    cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->4 float32 1|8 rows, ours to 8, prefetch first": "packed-one-row"}}))
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: {n: 2.0 if n == "packed" else 1.0 for n in names})
     model = nn.Sequential(nn.Linear(8, 4))
     pack_linears(model)
     assert kinds(model) == ["plain/plain"]
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows, ours to 8": "plain/plain"}
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows, ours to 8, prefetch first": "plain/plain"}
 
 
 def test_the_override_is_obeyed_and_an_unknown_one_named(cache, monkeypatch):
@@ -177,7 +184,7 @@ def test_a_corrupt_cache_is_ignored_with_a_warning_and_rebuilt(cache, caplog):
         pack_linears(model)  # real timings of both kernels
     assert "corrupt kernel-choice cache" in caplog.text
     table = json.loads(cache.read_text())
-    assert table[kernel_choice.machine_key()]["8->4 float32 1|8 rows, ours to 8"] in kernel_choice.KERNELS
+    assert table[kernel_choice.machine_key()]["8->4 float32 1|8 rows, ours to 8, prefetch first"] in kernel_choice.KERNELS
     x = torch.randn(3, 8)
     with torch.no_grad():
         torch.testing.assert_close(model[0](x), torch.nn.functional.linear(x, model[0].weight, model[0].bias))
@@ -233,7 +240,7 @@ def test_a_choice_timed_while_other_work_ran_is_used_but_not_cached(cache, monke
     assert "timed while other work took 60% of a core" in caplog.text and "timed again at the next load" in caplog.text
     monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)
     pack_linears(nn.Sequential(nn.Linear(8, 4)))  # quiet now: timed again and kept
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows, ours to 8": "plain/plain"}
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"8->4 float32 1|8 rows, ours to 8, prefetch first": "plain/plain"}
 
 
 def test_other_work_is_measured_from_proc_stat():
