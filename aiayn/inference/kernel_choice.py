@@ -689,7 +689,7 @@ def _fastest(times: dict[str, float]) -> str:
 
 
 # Ours without prefetching is kept only where timed 3% faster than with it. One weight timed alone, the two are within
-# the host's noise of each other (on a Zen 4 EPYC either won by 14-19% from one timing to the next), where a token's
+# the host's noise of each other (on a Zen 4 EPYC the ratio of the two ranged 0.81-1.14 from one timing to the next), where a token's
 # weight reads in decoding order ran as fast or faster with prefetching on both CPUs measured (`python
 # benchmarks/generation.py --token-chain`: AMX Xeon fp32 1.12-1.13x, bf16 1.29x, int8 1.63-1.76x; Zen 4 EPYC fp32
 # 0.99-1.00x, bf16 1.16-1.22x, int8 1.12-1.17x; docs/benchmarks.md). In the cache keys, so choices made before are timed again.
