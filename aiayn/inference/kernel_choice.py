@@ -118,11 +118,7 @@ def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:
         return [OVERRIDES[mode]] * len(weights)
 
     def timed(weight: Tensor) -> tuple[str, str]:
-        names, many_names = one_row_kernels(weight.dtype), many_row_kernels(weight.dtype, rows)
-        one, many = _time_kernels(weight, 1, names), _time_kernels(weight, rows, many_names)
-        choice = f"{_fastest(one)}/{_fastest(many)}"
-        return choice, (", ".join(f"{name} {one[name]:.3f}" for name in names) + " ms (1 row); "
-                        + ", ".join(f"{name} {many[name]:.3f}" for name in many_names) + f" ms ({rows} rows) -> {choice}")
+        return _one_and_many(weight, rows, one_row_kernels(weight.dtype), many_row_kernels(weight.dtype, rows))
 
     # A cached choice of the native kernel holds only where it still loads (and for fp32 and bf16): else timed again.
     native = gemv_available() if any(w.dtype in GEMV_DTYPES for w in weights) else False
@@ -161,13 +157,19 @@ def choose_int8_kernels(weights: list[Tensor], rows: int = FEW_ROWS) -> list[str
         return ["torch/torch"] * len(weights)
 
     def timed(weight: Tensor) -> tuple[str, str]:
-        one, many = _time_kernels(weight, 1, INT8_ONE_ROW), _time_kernels(weight, rows, INT8_ONE_ROW)
-        choice = f"{_fastest(one)}/{_fastest(many)}"
-        return choice, (", ".join(f"{name} {one[name]:.3f}" for name in INT8_ONE_ROW) + " ms (1 row); "
-                        + ", ".join(f"{name} {many[name]:.3f}" for name in INT8_ONE_ROW) + f" ms ({rows} rows) -> {choice}")
+        return _one_and_many(weight, rows, INT8_ONE_ROW, INT8_ONE_ROW)
 
     shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1|{rows} rows{PREFETCH_FIRST}{_pages()}" for w in weights]
     return _cached(shapes, weights, INT8_KERNELS, timed, "int8 kernels")
+
+
+def _one_and_many(weight: Tensor, rows: int, one_names: tuple[str, ...], many_names: tuple[str, ...]) -> tuple[str, str]:
+    """The choice ``"<one row>/<rows rows>"`` for ``weight``, each the fastest of its candidates (:func:`_fastest`), and
+    the line that logs it with every kernel's time."""
+    one, many = _time_kernels(weight, 1, one_names), _time_kernels(weight, rows, many_names)
+    choice = f"{_fastest(one)}/{_fastest(many)}"
+    return choice, (", ".join(f"{name} {one[name]:.3f}" for name in one_names) + " ms (1 row); "
+                    + ", ".join(f"{name} {many[name]:.3f}" for name in many_names) + f" ms ({rows} rows) -> {choice}")
 
 
 TRAINING = ("plain", "onednn")  # fp32 training: MKL through F.linear and its autograd, or oneDNN (aiayn.nn.onednn_linear)
@@ -485,16 +487,8 @@ def _time_huge_pages(rounds: int = 5) -> dict[str, float] | None:
         return None
     x = torch.randn(1, 768)
 
-    def on(weights: list[Tensor], kernel: str) -> Callable[[], None]:
-        calls = [_kernel(kernel, weight, x) for weight in weights]
-
-        def run() -> None:
-            for call in calls:
-                call()
-        return run
-
-    runs: dict[str, Callable[[], object]] = {f"{where}, {kernel}": on(weights, kernel) for kernel in huge_page_kernels()
-            for where, weights in (("4 KiB pages", small), ("huge pages", huge))}
+    runs: dict[str, Callable[[], object]] = {f"{where}, {kernel}": _on_every_copy(kernel, weights, x) for kernel in huge_page_kernels()
+                                             for where, weights in (("4 KiB pages", small), ("huge pages", huge))}
     with torch.no_grad():
         times = _fastest_rounds(runs, rounds, per=copies)
     best = {where: min(t for name, t in times.items() if name.startswith(where + ",")) for where in ("4 KiB pages", "huge pages")}
@@ -736,16 +730,18 @@ def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int
     # on the pages the model's weights will have (huge pages can change the winner: MKL and ours tied on 4 KiB pages)
     weights = huge_page_copies([w] * copies) if choose_huge_pages() else [w.clone() for _ in range(copies)]
     x = torch.randn(rows, w.shape[1], dtype=w.dtype if w.is_floating_point() else torch.float32)  # int8: fp32 inputs
-    def on_every_copy(name: str) -> Callable[[], None]:
-        calls = [_kernel(name, c, x) for c in weights]
-
-        def run() -> None:
-            for call in calls:
-                call()
-        return run
-
     with torch.no_grad():  # the warm-up round also makes first-call allocations and oneDNN's primitives
-        return _fastest_rounds({name: on_every_copy(name) for name in names}, rounds, per=copies)
+        return _fastest_rounds({name: _on_every_copy(name, weights, x) for name in names}, rounds, per=copies)
+
+
+def _on_every_copy(name: str, weights: list[Tensor], x: Tensor) -> Callable[[], None]:
+    """A run of ``x`` through each of ``weights`` (copies of one weight) by the kernel ``name``, one after another."""
+    calls = [_kernel(name, weight, x) for weight in weights]
+
+    def run() -> None:
+        for call in calls:
+            call()
+    return run
 
 
 TRAINING_ROWS = 512  # rows a training shape is timed at: a batch's tokens, capped (the winner is settled by then)

@@ -166,13 +166,12 @@ class PackedLinear(nn.Linear):
         if kernel in gemv.KERNELS:  # another dtype or layout: the forward's F.linear
             return gemv.NativeCall("plain", 0, self.weight, None)
         if kernel == "packed":
-            self.refresh()
-            if self._packed is not None:
-                return gemv.NativeCall("packed", 0, self._packed, None)
-        return gemv.NativeCall("plain", 0, self.weight, None) if kernel in ("packed", "plain") else None
+            return self._packed_or_plain()
+        return gemv.NativeCall("plain", 0, self.weight, None) if kernel == "plain" else None
 
     def _packed_or_plain(self) -> gemv.NativeCall:
-        """The C++ step's call of more rows than our kernel takes: oneDNN's packed weight, as :meth:`forward` calls it."""
+        """The C++ step's call through oneDNN's packed weight (that of ``packed`` calls, and of more rows than our kernel
+        takes), as :meth:`forward` calls it; the plain one where the weight does not pack."""
         self.refresh()
         return gemv.NativeCall("packed", 0, self._packed, None) if self._packed is not None else gemv.NativeCall("plain", 0, self.weight, None)
 
