@@ -408,22 +408,31 @@ def token_chain(shape: Shape, rounds: int = 9) -> dict[str, dict[str, float]]:
     4 KiB pages and, where the system has them, on transparent huge pages (:mod:`aiayn.inference.huge_pages`).
     What a step costs without the rest of it: the kernels' in-model rate, which a layer timed alone in the cache
     (``--linears``) does not show."""
-    from aiayn.inference.kernel_choice import INT8_ONE_ROW, _kernel, one_row_kernels
+    from aiayn.inference.kernel_choice import WEIGHT_ONLY_ONE_ROW, _kernel, one_row_kernels
 
     d, layers = shape.d_model, shape.n_layers
     shapes = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * layers + [(shape.vocab_size, d)]
     out: dict[str, dict[str, float]] = {}
     torch.manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16, torch.int8):
-        if dtype == torch.int8:
-            weights, names = [torch.randint(-127, 128, s, dtype=torch.int8) for s in shapes], INT8_ONE_ROW
+    for dtype in (torch.float32, torch.bfloat16, torch.int8, "int4"):
+        group = 32 if dtype == "int4" else 0  # int4: codes two to a byte, in groups of 32 inputs (GROUP_SIZES[0])
+        if dtype == "int4":
+            weights, names = [torch.randint(0, 256, (o, i // 2), dtype=torch.uint8) for o, i in shapes], WEIGHT_ONLY_ONE_ROW
+        elif dtype == torch.int8:
+            weights, names = [torch.randint(-127, 128, s, dtype=torch.int8) for s in shapes], WEIGHT_ONLY_ONE_ROW
         else:
             weights, names = [torch.randn(s).to(dtype) for s in shapes], one_row_kernels(dtype)
-        xs = {n: torch.randn(1, n, dtype=dtype if dtype.is_floating_point else torch.float32) for n in {i for _, i in shapes}}
-        calls = {name: [_kernel(name, w, xs[w.shape[1]]) for w in weights] for name in names}
+        floating = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+        xs = {n: torch.randn(1, n, dtype=dtype if floating else torch.float32) for n in {i for _, i in shapes}}
+        width = 2 if group else 1  # a row's inputs per element of the weight
+
+        def chain_of(ws: list[Tensor], name: str, xs: dict[int, Tensor] = xs, width: int = width, group: int = group) -> list[Callable[[], Tensor]]:
+            return [_kernel(name, w, xs[width * w.shape[1]], group) for w in ws]
+
+        calls = {name: chain_of(weights, name) for name in names}
         if huge_pages_reason() is None:  # and the same weights on transparent huge pages, as the load may put them
             placed = huge_page_copies(weights)
-            calls.update({f"{name}+huge-pages": [_kernel(name, w, xs[w.shape[1]]) for w in placed] for name in names})
+            calls.update({f"{name}+huge-pages": chain_of(placed, name) for name in names})
             del placed  # the calls hold them
 
         def token(chain: list[Callable[[], Tensor]]) -> Callable[[], None]:

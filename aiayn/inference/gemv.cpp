@@ -1,6 +1,6 @@
 // One row through a Linear layer, y = W x + b: the matrix-vector product of batch-1 decoding (aiayn/inference/gemv.py),
-// over fp32, bf16 or int8 weights (int8: times a scale per row); also a few rows (a small batch), each weight row read
-// once for all of them.
+// over fp32, bf16 or int8 weights (int8: times a scale per row) or 4-bit codes in groups (gemv_int4.h); also a few rows
+// (a small batch), each weight row read once for all of them.
 //
 // The product reads the whole weight for two flops per weight, so its speed is the rate at which the threads stream the
 // weight from memory. Each output feature is the dot product of one contiguous weight row with x (x stays in the
@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gemv_int4.h"
 #include "simd.h"
 
 namespace {
@@ -82,25 +83,52 @@ void rows(const W* w, const float* x, int64_t m_rows, const float* scale, const 
   });
 }
 
-// The typed pointers of one call: weight fp32, bf16 or int8; bias none, fp32 or bf16; y fp32 or bf16.
+// rows() for 4-bit codes (out, in / 2) with their bf16 scales and least values (out, 2, in / group) (gemv_int4.h): x
+// prepared once, then each thread's block of rows computed in fp32 and written with the bias.
+template <typename B, typename Y>
+void int4_rows(const uint8_t* codes, const at::BFloat16* scale_least, const float* x, int64_t m_rows, const B* bias, Y* y,
+               int64_t out, int64_t in, int64_t group, int64_t ahead) {
+  const aiayn_int4::Inputs prepared = aiayn_int4::prepare(x, m_rows, in, group);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in * m_rows, 1));
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> d((end - begin) * m_rows);
+    aiayn_int4::rows(codes, scale_least, prepared, begin, end, ahead, d.data());
+    for (int64_t o = begin; o < end; ++o) {
+      for (int64_t m = 0; m < m_rows; ++m) {
+        y[m * out + o] = static_cast<Y>(d[(o - begin) * m_rows + m] + (bias ? static_cast<float>(bias[o]) : 0.f));
+      }
+    }
+  });
+}
+
+// The typed pointers of one call: weight fp32, bf16, int8 or 4-bit codes (uint8, with `scale_least`); bias none, fp32 or
+// bf16; y fp32 or bf16.
 template <typename Y>
-void typed(const at::Tensor& weight, const float* x, int64_t m_rows, const float* scale, const at::Tensor& bias, Y* y, int64_t out,
-           int64_t in, int64_t ahead) {
-  auto with_bias = [&](const auto* w) {
+void typed(const at::Tensor& weight, const float* x, int64_t m_rows, const float* scale, const at::Tensor& scale_least,
+           const at::Tensor& bias, Y* y, int64_t out, int64_t in, int64_t ahead) {
+  auto with_bias = [&](auto run) {
     if (!bias.defined()) {
-      rows(w, x, m_rows, scale, static_cast<const float*>(nullptr), y, out, in, ahead);
+      run(static_cast<const float*>(nullptr));
     } else if (bias.scalar_type() == at::kBFloat16) {
-      rows(w, x, m_rows, scale, bias.const_data_ptr<at::BFloat16>(), y, out, in, ahead);
+      run(bias.const_data_ptr<at::BFloat16>());
     } else {
-      rows(w, x, m_rows, scale, bias.const_data_ptr<float>(), y, out, in, ahead);
+      run(bias.const_data_ptr<float>());
     }
   };
+  if (weight.scalar_type() == at::kByte) {
+    const int64_t group = in / scale_least.size(-1);
+    with_bias([&](const auto* b) {
+      int4_rows(weight.const_data_ptr<uint8_t>(), scale_least.const_data_ptr<at::BFloat16>(), x, m_rows, b, y, out, in, group, ahead);
+    });
+    return;
+  }
+  auto dense = [&](const auto* w) { with_bias([&](const auto* b) { rows(w, x, m_rows, scale, b, y, out, in, ahead); }); };
   if (weight.scalar_type() == at::kFloat) {
-    with_bias(weight.const_data_ptr<float>());
+    dense(weight.const_data_ptr<float>());
   } else if (weight.scalar_type() == at::kBFloat16) {
-    with_bias(weight.const_data_ptr<at::BFloat16>());
+    dense(weight.const_data_ptr<at::BFloat16>());
   } else {
-    with_bias(weight.const_data_ptr<int8_t>());
+    dense(weight.const_data_ptr<int8_t>());
   }
 }
 
@@ -111,7 +139,8 @@ at::Tensor float_or_bf16(const at::Tensor& t) {
 }
 
 // y (..., out) = scale * (weight x) + bias for one row x (..., in) of in elements, or a few rows x (..., in), weight (out, in)
-// row-major: fp32 or bf16 weights (no scale), or int8 with an fp32 scale per row; x fp32 or bf16, y in x's dtype; the
+// row-major: fp32 or bf16 weights (no scale), int8 with an fp32 scale per row, or 4-bit codes (out, in / 2) with their
+// groups' bf16 scales and least values (out, 2, groups) as `scale`; x fp32 or bf16, y in x's dtype; the
 // weights prefetched `prefetch` bytes ahead (0: none). Each weight row is read once for all the rows of x, so a few rows
 // cost little more than one where the weights' streaming is the limit (which rows count as few is timed: kernel_choice.py).
 // One allocation (y) and no other torch operator a call: a bf16 x is widened here, and y written in its dtype
@@ -124,17 +153,27 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "aiayn_native::gemv: weight must be a contiguous (out, in) matrix");
   const at::ScalarType wtype = weight.scalar_type();
   const bool scaled = scale.has_value() && scale->defined();
-  TORCH_CHECK(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kChar, "aiayn_native::gemv: weight must be float32, ",
-              "bfloat16 or int8, got ", wtype);
-  TORCH_CHECK(scaled == (wtype == at::kChar), "aiayn_native::gemv: a scale goes with int8 weights, and only with them");
-  const int64_t out = weight.size(0), in = weight.size(1);
+  TORCH_CHECK(wtype == at::kFloat || wtype == at::kBFloat16 || wtype == at::kChar || wtype == at::kByte, "aiayn_native::gemv: ",
+              "weight must be float32, bfloat16, int8 or uint8 (4-bit codes, two to a byte), got ", wtype);
+  const bool int4 = wtype == at::kByte;
+  TORCH_CHECK(scaled == (wtype == at::kChar || int4), "aiayn_native::gemv: a scale goes with int8 weights and 4-bit codes, and only with them");
+  const int64_t out = weight.size(0), in = int4 ? 2 * weight.size(1) : weight.size(1);
+  at::Tensor scale_least;  // 4-bit codes: the groups' scales and least values, bf16 (out, 2, groups)
+  if (int4) {
+    scale_least = scale->contiguous();
+    const int64_t groups = scale_least.dim() == 3 ? scale_least.size(2) : 0;
+    TORCH_CHECK(scale_least.scalar_type() == at::kBFloat16 && scale_least.dim() == 3 && scale_least.size(0) == out &&
+                    scale_least.size(1) == 2 && groups > 0 && in % groups == 0 && std::count(std::begin(aiayn_int4::kGroups), std::end(aiayn_int4::kGroups), in / groups),
+                "aiayn_native::gemv: 4-bit codes (", out, ", ", in / 2, ") take bfloat16 scales and least values (", out,
+                ", 2, groups), groups of 32, 64 or 128 inputs; got ", scale_least.scalar_type(), " ", scale_least.sizes());
+  }
   const bool one = x.dim() >= 1 && x.numel() == in;  // one row, whatever its shape ((in,), (1, 1, in), ...)
   TORCH_CHECK(one || (x.dim() >= 2 && x.size(-1) == in), "aiayn_native::gemv: x has shape ", x.sizes(),
               ", the weight takes ", in, " features: one row of ", in, " elements or rows (..., ", in, ")");
   const int64_t m_rows = one ? 1 : x.numel() / in;
   TORCH_CHECK(prefetch >= 0, "aiayn_native::gemv: prefetch is a distance in bytes, 0 or more, got ", prefetch);
   at::Tensor s, b;
-  if (scaled) {
+  if (scaled && !int4) {
     s = scale->scalar_type() == at::kFloat ? scale->contiguous() : scale->to(at::kFloat).contiguous();
     TORCH_CHECK(s.numel() == out, "aiayn_native::gemv: scale must have ", out, " elements, got ", s.numel());
   }
@@ -152,15 +191,15 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
     widened.assign(xb, xb + m_rows * in);
     xp = widened.data();
   }
-  const float* sp = scaled ? s.const_data_ptr<float>() : nullptr;
+  const float* sp = scaled && !int4 ? s.const_data_ptr<float>() : nullptr;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());  // x's shape, its last dimension `out`: no view after
   shape.back() = out;  // (one row of shape (in,) or (1, ..., in): the same shape with `out` last)
   at::Tensor y = at::empty(shape, x.options());
   if (m_rows == 0) return y;  // no rows: nothing to write
   if (x.scalar_type() == at::kFloat) {
-    typed(weight, xp, m_rows, sp, b, y.mutable_data_ptr<float>(), out, in, prefetch);
+    typed(weight, xp, m_rows, sp, scale_least, b, y.mutable_data_ptr<float>(), out, in, prefetch);
   } else {
-    typed(weight, xp, m_rows, sp, b, y.mutable_data_ptr<at::BFloat16>(), out, in, prefetch);
+    typed(weight, xp, m_rows, sp, scale_least, b, y.mutable_data_ptr<at::BFloat16>(), out, in, prefetch);
   }
   return y;
 }

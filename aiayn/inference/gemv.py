@@ -56,10 +56,10 @@ SOURCE = Path(__file__).with_name("gemv.cpp")
 # GPT-2's GELU, the vector pieces they share (a header), the one-token decoding step that calls them
 # (aiayn.decoding.native_step), and training's loss, attention (our loops, and oneDNN's small-matrix kernel), transposes
 # written out and master-weight optimizer step.
-SOURCES = (SOURCE, SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
+SOURCES = (SOURCE, SOURCE.with_name("gemv_int4.cpp"), SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
            SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("attention_tiles.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("transpose.cpp"),
            SOURCE.with_name("adamw.cpp"))
-HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("attention_tiles.h"))
+HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("gemv_int4.h"), SOURCE.with_name("attention_tiles.h"))
 BUILD_TIMEOUT_S = 600
 
 

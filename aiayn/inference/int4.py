@@ -4,7 +4,9 @@ Each weight row is cut into groups of ``group_size`` inputs; a group ``w`` is st
 ``q = round((w - min) / s)`` in 0..15 with ``s = (max - min) / 15`` (asymmetric: a group's own range,
 so outliers cost only their group). The value a code stands for is ``(q - 8) * s + z`` with
 ``z = min + 8 s``: the convention of torch's CPU kernel ``aten._weight_int4pack_mm_for_cpu``, which
-dequantises in registers (fast with bf16 activations: fp32 inputs are computed in bf16, as int8 does). At
+dequantises in registers (fast with bf16 activations: fp32 inputs are computed in bf16, as int8 does), or, where it
+builds and was timed faster for one row or a few (batch-1 decoding, a small batch), our own matrix-vector product over
+the checkpoint's codes as they are (``gemv_int4.cpp``: the inputs quantised to 8 bits a group, integer sums, as llama.cpp). At
 batch 1 an eighth of the fp32 bytes is read per token.
 
 The checkpoint holds the codes two to a byte (``weight``, uint8 ``(N, K/2)``: low nibble = even input)
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.inference import gemv
 from aiayn.inference.gemv import NativeCall
 from aiayn.inference.precision import replace_linears
 from aiayn.inference.quantization import avx512_graphs, compute_dtype
@@ -90,6 +93,13 @@ class Int4Linear(nn.Module):
         self.scale_zeros: Tensor
         self.register_buffer("packed", torch.zeros(0, dtype=torch.uint8, device=device), persistent=False)
         self.register_buffer("scale_zeros", torch.zeros(0, device=device), persistent=False)
+        # Our kernel's scales and least values (z - 8 s: a weight is q s + lo), bf16 (N, 2, G), derived with the above.
+        self.scale_least: Tensor
+        self.register_buffer("scale_least", torch.zeros(0, dtype=torch.bfloat16, device=device), persistent=False)
+        # The kernel of one-row calls and of calls of a few rows (up to gemv.FEW_ROWS): "torch" or "native" /
+        # "native-prefetch" (ours), set by the timed kernel choice (aiayn.inference.precision.choose_quantized_kernels);
+        # more rows (a prompt) always take torch's.
+        self.one = self.many = "torch"
         self._packed_key: tuple = ()
         self._packed_from: Tensor | None = None  # the codes the layout was derived from (see _key)
         self._in_graph = False  # whether a compiled graph calls the kernel directly (set by repack)
@@ -136,6 +146,7 @@ class Int4Linear(nn.Module):
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
         scale_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, pad))  # (N', G, 2)
         self.scale_zeros = scale_zeros.transpose(0, 1).contiguous().to(dtype)
+        self.scale_least = torch.stack([self.scales, self.zeros - 8 * self.scales], dim=1).to(torch.bfloat16)
         self._packed_key = self._key(dtype)
         self._packed_from = self.weight
         self._in_graph = avx512_graphs()  # read here, eagerly: Dynamo cannot trace Inductor's ISA check
@@ -147,13 +158,25 @@ class Int4Linear(nn.Module):
 
     def native_call(self, one_row: bool, dtype: torch.dtype) -> NativeCall:
         """How :meth:`forward` computes a call (of one row or several alike) with ``dtype`` activations, for the C++ decoding
-        step: torch's kernel over the layout derived for the compute dtype."""
+        step: ours where it was timed faster (``few``: up to :data:`~aiayn.inference.gemv.FEW_ROWS` rows), else torch's
+        kernel over the layout derived for the compute dtype."""
         self.ready(compute_dtype(dtype))
-        return NativeCall("int4", self.group_size, self.packed, self.scale_zeros)
+        torchs = NativeCall("int4", self.group_size, self.packed, self.scale_zeros)
+        kernel = self.one if one_row else self.many
+        if kernel in gemv.KERNELS and dtype in gemv.DTYPES:
+            call = NativeCall("gemv", gemv.KERNELS[kernel], self.weight, self.scale_least)
+            return call if one_row else NativeCall("few", gemv.KERNELS[kernel], self.weight, self.scale_least, torchs)
+        return torchs
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (the
-        kernel's fp32 path is a scalar loop: 28.9 ms against 0.105 ms for one row through 768 -> 3072 here)."""
+        """``x (..., K) -> (..., N)`` in ``x``'s dtype; one row or a few through our kernel where it was timed faster;
+        otherwise fp32 inputs are computed with bf16 activations (torch's kernel's fp32 path is a scalar loop: 28.9 ms
+        against 0.105 ms for one row through 768 -> 3072 here)."""
+        kernel = self.one if x.numel() == self.in_features else self.many if gemv.few_rows(x, self.in_features) else None
+        if kernel in gemv.KERNELS and x.dtype in gemv.DTYPES and gemv.may_run():
+            if not torch.compiler.is_compiling():
+                self.ready(compute_dtype(x.dtype))
+            return torch.ops.aiayn_native.gemv(x, self.weight, self.scale_least, self.bias, gemv.KERNELS[kernel])
         compute = compute_dtype(x.dtype)
         flat = x.reshape(-1, self.in_features).to(compute)
         if not torch.compiler.is_compiling():

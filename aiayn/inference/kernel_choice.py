@@ -68,8 +68,8 @@ from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_native", "choose_huge_pages", "huge_page_kernels", "ENV_VAR", "INT8_KERNELS", "INT8_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "many_row_kernels",
-    "ROW_SPLITS", "TRAINING_ATTENTION", "TRAINING_ATTENTION_ENV_VAR", "attention_mode", "choose_training_attention", "training_attention_candidates", "cache_path", "choose_attention", "choose_row_splits", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
+    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_native", "choose_huge_pages", "huge_page_kernels", "ENV_VAR", "WEIGHT_ONLY_KERNELS", "WEIGHT_ONLY_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "many_row_kernels",
+    "ROW_SPLITS", "TRAINING_ATTENTION", "TRAINING_ATTENTION_ENV_VAR", "attention_mode", "choose_training_attention", "training_attention_candidates", "cache_path", "choose_attention", "choose_row_splits", "choose_int4_kernels", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
 
@@ -143,30 +143,45 @@ def many_row_kernels(dtype: torch.dtype, rows: int) -> tuple[str, ...]:
     return MANY_ROWS if native else tuple(name for name in MANY_ROWS if name not in GEMV_KERNELS)
 
 
-INT8_ONE_ROW = ("torch", *GEMV_KERNELS)  # weight-only int8, one row: torch's _weight_int8pack_mm, or our matrix-vector product
-# A weight-only int8 choice: "<one row>/<several rows>", each of INT8_ONE_ROW (several: up to gemv.FEW_ROWS through ours)
-INT8_KERNELS = tuple(f"{one}/{many}" for one in INT8_ONE_ROW for many in INT8_ONE_ROW)
+# Weight-only int8 or int4, one row: torch's kernel (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu), or our
+# matrix-vector product
+WEIGHT_ONLY_ONE_ROW = ("torch", *GEMV_KERNELS)
+# A weight-only choice: "<one row>/<several rows>", each of WEIGHT_ONLY_ONE_ROW (several: up to gemv.FEW_ROWS through ours)
+WEIGHT_ONLY_KERNELS = tuple(f"{one}/{many}" for one in WEIGHT_ONLY_ONE_ROW for many in WEIGHT_ONLY_ONE_ROW)
 
 
 def choose_int8_kernels(weights: list[Tensor], rows: int = FEW_ROWS) -> list[str]:
-    """The kernels of each weight-only int8 ``weight (out, in)`` here, one of :data:`INT8_KERNELS`: one row (one-token
-    decoding) and ``rows`` rows (a small batch, speculative checks; a call of more than :data:`~aiayn.inference.gemv.FEW_ROWS`
-    always takes torch's) timed apart once per shape and cached with the Linear kernels; any override but ``measure``
-    takes torch's, and so does a machine where the native kernel does not build."""
-    if not weights or kernel_mode() != "measure" or not gemv_available():
-        return ["torch/torch"] * len(weights)
-
-    def timed(weight: Tensor) -> tuple[str, str]:
-        return _one_and_many(weight, rows, INT8_ONE_ROW, INT8_ONE_ROW)
-
-    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1|{rows} rows{PREFETCH_FIRST}{_pages()}" for w in weights]
-    return _cached(shapes, weights, INT8_KERNELS, timed, "int8 kernels")
+    """The kernels of each weight-only int8 ``weight (out, in)`` here, one of :data:`WEIGHT_ONLY_KERNELS`: one row
+    (one-token decoding) and ``rows`` rows (a small batch, speculative checks; a call of more than
+    :data:`~aiayn.inference.gemv.FEW_ROWS` always takes torch's) timed apart once per shape and cached with the Linear
+    kernels; any override but ``measure`` takes torch's, and so does a machine where the native kernel does not build."""
+    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only 1|{rows} rows{PREFETCH_FIRST}{OURS_FIRST}{_pages()}" for w in weights]
+    return _weight_only(shapes, [(w, 0) for w in weights], rows, "int8 kernels")
 
 
-def _one_and_many(weight: Tensor, rows: int, one_names: tuple[str, ...], many_names: tuple[str, ...]) -> tuple[str, str]:
-    """The choice ``"<one row>/<rows rows>"`` for ``weight``, each the fastest of its candidates (:func:`_fastest`), and
-    the line that logs it with every kernel's time."""
-    one, many = _time_kernels(weight, 1, one_names), _time_kernels(weight, rows, many_names)
+def choose_int4_kernels(codes: list[Tensor], groups: list[int], rows: int = FEW_ROWS) -> list[str]:
+    """:func:`choose_int8_kernels` for int4 layers: ``codes (out, in / 2)`` (uint8, two to a byte) in groups of
+    ``groups[i]`` inputs, torch's int4 kernel against ours."""
+    shapes = [f"{2 * c.shape[1]}->{c.shape[0]} int4 g{g} weight-only 1|{rows} rows{PREFETCH_FIRST}{OURS_FIRST}{_pages()}"
+              for c, g in zip(codes, groups)]
+    return _weight_only(shapes, list(zip(codes, groups)), rows, "int4 kernels")
+
+
+def _weight_only(shapes: list[str], items: list[tuple[Tensor, int]], rows: int, what: str) -> list[str]:
+    """The cached or timed choices of weight-only layers (``items``: a weight and its int4 group size, 0 for int8)."""
+    if not items or kernel_mode() != "measure" or not gemv_available():
+        return ["torch/torch"] * len(items)
+
+    def timed(item: tuple[Tensor, int]) -> tuple[str, str]:
+        return _one_and_many(item[0], rows, WEIGHT_ONLY_ONE_ROW, WEIGHT_ONLY_ONE_ROW, group=item[1])
+
+    return _cached(shapes, items, WEIGHT_ONLY_KERNELS, timed, what)
+
+
+def _one_and_many(weight: Tensor, rows: int, one_names: tuple[str, ...], many_names: tuple[str, ...], group: int = 0) -> tuple[str, str]:
+    """The choice ``"<one row>/<rows rows>"`` for ``weight`` (int4 codes in groups of ``group``, else 0), each the
+    fastest of its candidates (:func:`_fastest`), and the line that logs it with every kernel's time."""
+    one, many = _time_kernels(weight, 1, one_names, group=group), _time_kernels(weight, rows, many_names, group=group)
     choice = f"{_fastest(one)}/{_fastest(many)}"
     return choice, (", ".join(f"{name} {one[name]:.3f}" for name in one_names) + " ms (1 row); "
                     + ", ".join(f"{name} {many[name]:.3f}" for name in many_names) + f" ms ({rows} rows) -> {choice}")
@@ -674,10 +689,11 @@ def _others_share(start: tuple[float, float, float] | None, end: tuple[float, fl
 
 
 def _fastest(times: dict[str, float]) -> str:
-    """The kernel of least time, oneDNN's counted :data:`MARGIN` slower (it costs a second copy of the weight), and
-    ours without prefetching too where ours with it was timed (:data:`PREFETCH_FIRST`)."""
+    """The kernel of least time, oneDNN's counted :data:`MARGIN` slower (it costs a second copy of the weight), ours
+    without prefetching too where ours with it was timed (:data:`PREFETCH_FIRST`), and torch's weight-only int8 and
+    int4 kernels where ours was timed (:data:`OURS_FIRST`)."""
     def counted(name: str) -> float:
-        slower = name == "packed" or (name == "native" and "native-prefetch" in times)
+        slower = name == "packed" or (name in ("native", "torch") and "native-prefetch" in times)
         return times[name] / (MARGIN if slower else 1.0)
     return min(times, key=counted)
 
@@ -688,6 +704,12 @@ def _fastest(times: dict[str, float]) -> str:
 # benchmarks/generation.py --token-chain`: AMX Xeon fp32 1.12-1.13x, bf16 1.29x, int8 1.63-1.76x; Zen 4 EPYC fp32
 # 0.99-1.00x, bf16 1.16-1.22x, int8 1.12-1.17x; docs/benchmarks.md). In the cache keys, so choices made before are timed again.
 PREFETCH_FIRST = ", prefetch first"
+# Likewise torch's weight-only kernels against ours: kept only where timed 3% faster. One int4 weight timed alone, the
+# two were within the host's noise for GPT-2's 768 -> 768 (torch's 21-39 us a call, ours 20-33 us), where a token's
+# weight reads in decoding order ran 1.09-1.22x faster through ours (`--token-chain`, Zen 4 EPYC, 2026-12-06; int8:
+# ours 1.9-2.1x) and torch's int4 kernel took about twice its timed time a call inside a decoding step (torch.profiler,
+# `--profile ours-int4`: the step's 768 -> 768 calls, about 40 us each).
+OURS_FIRST = ", ours first"
 
 
 def _read(path: Path) -> dict:
@@ -713,7 +735,7 @@ def _cold_copies(size: int) -> int:
     return max(1, min(MAX_COPIES, -(-COLD_BYTES // size)))
 
 
-def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int = 7) -> dict[str, float]:
+def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int = 7, group: int = 0) -> dict[str, float]:
     """Milliseconds a call of ``rows`` rows through each kernel of ``names``: the mean call of a round, one call on
     each copy of the weight, in the fastest of ``rounds`` interleaved rounds (another process taking the core only
     ever adds time, so the fastest round is the kernel's own).
@@ -723,20 +745,22 @@ def _time_kernels(weight: Tensor, rows: int, names: tuple[str, ...], rounds: int
     kernel that computes faster over the one that streams memory faster (a bf16 768 -> 3072 layer timed hot
     chose F.linear, which then took 209 us a token in decoding against oneDNN's 65 us). The mean of a round, not
     the fastest single call: a call that finds its copy still in a cache is not the model's case (on an AMX Xeon
-    the fastest fp32 768 -> 768 call through MKL took 31 us, at 76 GB/s, against 51 us for its mean; 2026-12-05)."""
+    the fastest fp32 768 -> 768 call through MKL took 31 us, at 76 GB/s, against 51 us for its mean; 2026-12-05).
+    ``group``: int4 codes (uint8, two to a byte) in groups of that many inputs; 0 for other weights."""
     w = weight.detach()
     size = w.numel() * w.element_size()
     copies = _cold_copies(size)
     # on the pages the model's weights will have (huge pages can change the winner: MKL and ours tied on 4 KiB pages)
     weights = huge_page_copies([w] * copies) if choose_huge_pages() else [w.clone() for _ in range(copies)]
-    x = torch.randn(rows, w.shape[1], dtype=w.dtype if w.is_floating_point() else torch.float32)  # int8: fp32 inputs
+    in_features = 2 * w.shape[1] if group else w.shape[1]
+    x = torch.randn(rows, in_features, dtype=w.dtype if w.is_floating_point() else torch.float32)  # int8, int4: fp32 inputs
     with torch.no_grad():  # the warm-up round also makes first-call allocations and oneDNN's primitives
-        return _fastest_rounds({name: _on_every_copy(name, weights, x) for name in names}, rounds, per=copies)
+        return _fastest_rounds({name: _on_every_copy(name, weights, x, group) for name in names}, rounds, per=copies)
 
 
-def _on_every_copy(name: str, weights: list[Tensor], x: Tensor) -> Callable[[], None]:
+def _on_every_copy(name: str, weights: list[Tensor], x: Tensor, group: int = 0) -> Callable[[], None]:
     """A run of ``x`` through each of ``weights`` (copies of one weight) by the kernel ``name``, one after another."""
-    calls = [_kernel(name, weight, x) for weight in weights]
+    calls = [_kernel(name, weight, x, group) for weight in weights]
 
     def run() -> None:
         for call in calls:
@@ -766,9 +790,19 @@ def _time_training(weight: Tensor, rows: int, rounds: int = 3) -> dict[str, floa
     return _fastest_rounds(runs, rounds, after=clear)
 
 
-def _kernel(name: str, weight: Tensor, x: Tensor) -> Callable[[], Tensor]:
-    """A call of ``x`` through ``weight`` by the kernel ``name`` (oneDNN's weight packed here, once); an int8 weight
-    by :data:`INT8_ONE_ROW`'s (torch's computes in bf16, as :class:`~aiayn.inference.quantization.Int8Linear` does)."""
+def _kernel(name: str, weight: Tensor, x: Tensor, group: int = 0) -> Callable[[], Tensor]:
+    """A call of ``x`` through ``weight`` by the kernel ``name`` (oneDNN's weight packed here, once); an int8 weight, or
+    int4 codes in groups of ``group``, by :data:`WEIGHT_ONLY_ONE_ROW`'s (torch's computes in bf16, as
+    :class:`~aiayn.inference.quantization.Int8Linear` and :class:`~aiayn.inference.int4.Int4Linear` do). The int4 codes
+    serve as torch's packed layout too (the same bytes a row: its time, not its values, is what counts here)."""
+    if group:
+        out, groups = weight.shape[0], 2 * weight.shape[1] // group
+        if name in GEMV_KERNELS:
+            scale_least = torch.rand(out, 2, groups).bfloat16()
+            return lambda: torch.ops.aiayn_native.gemv(x, weight, scale_least, None, GEMV_KERNELS[name])
+        padded = F.pad(weight, (0, 0, 0, -out % 16))  # torch's kernel takes outputs in blocks of 16, as Int4Linear pads them
+        scale_zeros, xb = torch.rand(groups, padded.shape[0], 2).bfloat16(), x.bfloat16()
+        return lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, padded, group, scale_zeros)
     if weight.dtype == torch.int8:
         scale = torch.ones(weight.shape[0])
         if name in GEMV_KERNELS:

@@ -212,8 +212,8 @@ def pack_linears(model: nn.Module, rows: int | None = None) -> int:
     """Replace CPU ``nn.Linear`` layers by :class:`PackedLinear`, in place, where torch's oneDNN supports their
     dtype here and a kernel other than ``F.linear`` is the faster one for their shape on this machine, for one row
     or for several (timed once per shape and cached: :func:`~aiayn.inference.kernel_choice.choose_kernels`);
-    returns how many were replaced. Weight-only int8 layers get their one-row kernel the same way
-    (:func:`choose_int8_kernels`).
+    returns how many were replaced. Weight-only int8 and int4 layers get their one-row kernel the same way
+    (:func:`choose_quantized_kernels`).
 
     ``rows``: the rows of a several-row call, timed beside one row; by default 8 for models that decode (a
     batch, a prompt) and 64 for encoder-only models (a batch of sentences at once)."""
@@ -231,19 +231,24 @@ def pack_linears(model: nn.Module, rows: int | None = None) -> int:
         return PackedLinear(linear, one=one, many=many)
 
     replace_linears(model, targets, chosen)
-    choose_int8_kernels(model)
+    choose_quantized_kernels(model)
     return len(targets)
 
 
-def choose_int8_kernels(model: nn.Module) -> None:
-    """Set each weight-only int8 layer's kernels (``one`` for one row, ``many`` for a few: torch's
-    ``_weight_int8pack_mm`` or our native matrix-vector product, without or with prefetching), timed once per shape
-    and cached as the Linear kernels are."""
-    from aiayn.inference.kernel_choice import choose_int8_kernels as choose
+def choose_quantized_kernels(model: nn.Module) -> None:
+    """Set each weight-only int8 and int4 layer's kernels (``one`` for one row, ``many`` for a few: torch's
+    ``_weight_int8pack_mm`` or ``_weight_int4pack_mm_for_cpu``, or our native matrix-vector product, without or with
+    prefetching), timed once per shape and cached as the Linear kernels are."""
+    from aiayn.inference.int4 import Int4Linear
+    from aiayn.inference.kernel_choice import choose_int4_kernels, choose_int8_kernels
     from aiayn.inference.quantization import Int8Linear
 
-    layers = [m for m in model.modules() if type(m) is Int8Linear and m.weight.device.type == "cpu"]
-    for layer, choice in zip(layers, choose([m.weight for m in layers])):
+    int8 = [m for m in model.modules() if type(m) is Int8Linear and m.weight.device.type == "cpu"]
+    int4 = [m for m in model.modules() if type(m) is Int4Linear and m.weight.device.type == "cpu"]
+    choices = [*choose_int8_kernels([m.weight for m in int8]),
+               *choose_int4_kernels([m.weight for m in int4], [m.group_size for m in int4])]
+    layers: list[Int8Linear | Int4Linear] = [*int8, *int4]
+    for layer, choice in zip(layers, choices):
         layer.one, layer.many = choice.split("/")
 
 

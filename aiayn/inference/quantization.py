@@ -158,7 +158,7 @@ class Int8Linear(nn.Module):
         # The kernel of one-row calls (batch-1 decoding) and of calls of a few rows (up to gemv.FEW_ROWS: a small
         # batch, speculative checks): "torch" (_weight_int8pack_mm, bf16 activations) or "native" / "native-prefetch"
         # (our matrix-vector product over the int8 rows, fp32 sums: aiayn.inference.gemv), set by the timed kernel
-        # choice (aiayn.inference.precision.choose_int8_kernels); more rows (a prompt) always take torch's.
+        # choice (aiayn.inference.precision.choose_quantized_kernels); more rows (a prompt) always take torch's.
         self.one = self.many = "torch"
         self.register_load_state_dict_post_hook(lambda module, keys: module.repack())
 

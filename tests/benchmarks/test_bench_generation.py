@@ -40,14 +40,14 @@ def test_bad_flags_are_named():
 
 def test_token_chain_times_every_one_row_kernel_of_each_dtype(capsys):
     from aiayn.inference.huge_pages import unavailable_reason
-    from aiayn.inference.kernel_choice import INT8_ONE_ROW, one_row_kernels
+    from aiayn.inference.kernel_choice import WEIGHT_ONLY_ONE_ROW, one_row_kernels
 
     bench = _load_script()
     bench.main(["--quick", "--token-chain", "--threads", "1"])
     lines = [line for line in capsys.readouterr().out.splitlines() if "one token's weight reads" in line]
-    assert [line.split("reads, ")[1].split(":")[0] for line in lines] == ["float32", "bfloat16", "int8"]
+    assert [line.split("reads, ")[1].split(":")[0] for line in lines] == ["float32", "bfloat16", "int8", "int4"]
     huge = unavailable_reason() is None  # each kernel timed on huge pages too, where the system has them
-    for line, names in zip(lines, (one_row_kernels(torch.float32), one_row_kernels(torch.bfloat16), INT8_ONE_ROW)):
+    for line, names in zip(lines, (one_row_kernels(torch.float32), one_row_kernels(torch.bfloat16), WEIGHT_ONLY_ONE_ROW, WEIGHT_ONLY_ONE_ROW)):
         expected = [*names, *(f"{name}+huge-pages" for name in names if huge)]
         assert sorted(part.split()[0] for part in line.split(": ", 2)[2].split(", ")) == sorted(expected)
         assert "(1.00)" in line  # the fastest, against itself

@@ -9,6 +9,7 @@ from aiayn.decoding import BeamConfig, CausalLMDecoder, GenerationConfig, Specul
 from aiayn.decoding.adapters import _decode_one
 from aiayn.decoding.native_step import NativeStep, native_step_blocker
 from aiayn.inference import kernel_choice
+from aiayn.inference.int4 import Int4Linear
 from aiayn.inference.precision import PackedLinear
 from aiayn.inference.quantization import Int8Linear
 from aiayn.nn import attention
@@ -23,12 +24,12 @@ def _loaded(dtype=None, quantize=None, **overrides):
 
 
 def _kernels(model, one, many="packed", int8="native", int8_many="torch"):
-    """Every floating-point Linear's one-row and several-row kernel, and every int8 layer's, set by hand."""
+    """Every floating-point Linear's one-row and several-row kernel, and every int8 or int4 layer's, set by hand."""
     for module in model.modules():
         if isinstance(module, PackedLinear):
             module.one, module.many = one, many
             module.refresh()
-        elif isinstance(module, Int8Linear):
+        elif isinstance(module, (Int8Linear, Int4Linear)):
             module.one, module.many = int8, int8_many
 
 
@@ -93,9 +94,9 @@ def test_several_rows_through_our_kernel_give_the_eager_logits(native_gemv, dtyp
 
 @pytest.mark.parametrize(("quantize", "int8", "int8_many"), [
     ("int8", "native", "torch"), ("int8", "torch", "torch"), ("int8", "native-prefetch", "native"), ("int8", "torch", "native-prefetch"),
-    ("int4", None, None)])
+    ("int4", None, None), ("int4", "native", "torch"), ("int4", "native-prefetch", "native")])
 def test_quantised_layers_give_the_eager_logits(native_gemv, quantize, int8, int8_many):
-    """int8 several rows through ours: the steps of three rows and the check of three tokens a row (nine rows: more
+    """int8 and int4 several rows through ours: the steps of three rows and the check of three tokens a row (nine rows: more
     than gemv.FEW_ROWS, so torch's) and the prompt each take the kernel the eager forward takes."""
     model = _loaded(quantize=quantize, d_model=64, d_ff=128)  # int4 groups of 32 inputs
     if int8 is not None:

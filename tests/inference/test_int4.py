@@ -1,11 +1,13 @@
-"""int4 weight-only quantisation (aiayn.inference.int4): torch's kernel equals the fp32 math on the
-dequantised grid, logits stay near fp32, a checkpoint survives save and load bit for bit, and the errors."""
+"""int4 weight-only quantisation (aiayn.inference.int4): torch's kernel and ours equal the fp32 math on the
+dequantised grid (ours to the 8-bit rounding of its inputs, each row of a batch bit for bit as alone), logits stay near
+fp32, a checkpoint survives save and load bit for bit, and the errors."""
 
 import pytest
 import torch
 from torch import nn
 
 from aiayn import build_model
+from aiayn.inference import gemv
 from aiayn.inference.int4 import Int4Linear, quantize_int4
 from aiayn.inference.quantization import parse_quantize
 from aiayn.pretrained import QUANTIZATION_FILE, load_pretrained, save_pretrained
@@ -61,3 +63,65 @@ def test_bad_int4_settings_are_named():
         quantize_int4(nn.Sequential(nn.Linear(96, 8)), 48)
     with pytest.raises(ValueError, match=r"no nn.Linear layer whose in_features divide into groups of 128"):
         quantize_int4(nn.Sequential(nn.Linear(96, 8)), 128)
+
+
+def _our_weight(q: Int4Linear) -> torch.Tensor:
+    """The float64 weight our kernel computes with: codes times the bf16 scales, plus the bf16 least values."""
+    scale, least = q.scale_least.double().unbind(1)  # (N, G) each
+    codes = q.codes().double().reshape(q.out_features, -1, q.group_size)
+    return (codes * scale[..., None] + least[..., None]).reshape(q.out_features, q.in_features)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_our_kernel_is_the_dequantised_product_to_its_8_bit_inputs_and_each_row_of_a_batch_as_alone(native_gemv, group):
+    torch.manual_seed(0)
+    for in_features, out_features in [(128, 40), (384, 17), (1152, 9)]:  # 1-36 groups: odd and even counts, vector tails
+        q = Int4Linear.from_linear(nn.Linear(in_features, out_features), group)
+        weight = _our_weight(q)
+        # the scales and least values in bf16: within bf16's rounding of the fp32 grid the checkpoint holds
+        assert ((weight.float() - q.dequantized()).abs() <= q.scales.max() / 10).all()  # a tenth of a step
+        for rows in (1, 2, 3, 5, 8):
+            x = torch.randn(rows, in_features) * torch.rand(in_features) * 4  # inputs of several sizes within a group
+            for prefetch in (0, gemv.PREFETCH):
+                y = torch.ops.aiayn_native.gemv(x, q.weight, q.scale_least, q.bias, prefetch)
+                reference = x.double() @ weight.T + q.bias.double()
+                # x_i ~ dx k_i with |x_i - dx k_i| <= dx / 2, dx = max |x| / 127 in its group: the error of a row
+                bound = (x.abs().amax(-1, keepdim=True).double() / 127 / 2) * weight.abs().sum(-1) + 1e-5 * reference.abs()
+                assert ((y.double() - reference).abs() <= bound + 1e-6).all(), (in_features, rows, prefetch)
+                alone = torch.stack([torch.ops.aiayn_native.gemv(row, q.weight, q.scale_least, q.bias, prefetch) for row in x])
+                assert torch.equal(y, alone), (in_features, group, rows, prefetch)
+                bf16 = torch.ops.aiayn_native.gemv(x.bfloat16(), q.weight, q.scale_least, q.bias.bfloat16(), prefetch)
+                assert bf16.dtype == torch.bfloat16 and bf16.shape == (rows, out_features)
+
+
+def test_a_layer_takes_ours_for_one_row_and_a_few_where_timed_faster_and_torchs_for_more(native_gemv):
+    torch.manual_seed(0)
+    q = Int4Linear.from_linear(nn.Linear(64, 24), 32)
+    exact = lambda x: (x.double() @ _our_weight(q).T + q.bias.double()).float()  # noqa: E731
+    ours = lambda x, prefetch=0: torch.ops.aiayn_native.gemv(x, q.weight, q.scale_least, q.bias, prefetch)  # noqa: E731
+    one, few, more = torch.randn(1, 1, 64), torch.randn(2, 3, 64), torch.randn(gemv.FEW_ROWS + 1, 64)
+    with torch.no_grad():
+        torch_one = q(one)  # "torch" for every count of rows: bf16 activations
+        assert not torch.equal(torch_one, ours(one))
+        q.one = "native"
+        assert torch.equal(q(one), ours(one))
+        torch.testing.assert_close(q(one), exact(one), rtol=2e-2, atol=2e-2)
+        assert q.native_call(True, torch.float32).kind == "gemv" and q.native_call(False, torch.float32).kind == "int4"
+        q.many = "native-prefetch"
+        assert torch.equal(q(few), ours(few, gemv.PREFETCH))
+        call = q.native_call(False, torch.float32)
+        assert (call.kind, call.param, call.beyond.kind) == ("few", gemv.PREFETCH, "int4")
+        assert not torch.equal(q(more), ours(more))  # more rows: torch's kernel
+        torch.testing.assert_close(q(more), exact(more), rtol=2e-2, atol=2e-2)
+
+
+def test_our_kernel_refuses_scales_it_cannot_take(native_gemv):
+    codes, x = torch.zeros(4, 48, dtype=torch.uint8), torch.randn(96)
+    with pytest.raises(RuntimeError, match=r"a scale goes with int8 weights and 4-bit codes"):
+        torch.ops.aiayn_native.gemv(x, codes, None, None, 0)
+    for scale in (torch.zeros(4, 2, 3), torch.zeros(4, 2, 1, dtype=torch.bfloat16), torch.zeros(4, 3, dtype=torch.bfloat16)):
+        # fp32 scales; one group of 96 inputs (not 32, 64 or 128); no (out, 2, groups) shape
+        with pytest.raises(RuntimeError, match=r"4-bit codes \(4, 48\) take bfloat16 scales and least values \(4, 2, groups\), groups of 32, 64 or 128 inputs"):
+            torch.ops.aiayn_native.gemv(x, codes, scale, None, 0)
+    with pytest.raises(RuntimeError, match=r"the weight takes 96 features"):
+        torch.ops.aiayn_native.gemv(torch.randn(48), codes, torch.zeros(4, 2, 3, dtype=torch.bfloat16), None, 0)

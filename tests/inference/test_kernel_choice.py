@@ -38,7 +38,7 @@ def test_the_faster_kernel_is_kept_per_shape_and_regime_and_cached(cache, monkey
                (16, 1): {"plain": 2.0, "packed": 1.5, "split": 1.0}, (16, 8): {"plain": 1.0, "packed": 3.0}}
     calls = []
 
-    def timed(w, rows, names):
+    def timed(w, rows, names, group=0):
         calls.append((w.shape[1], rows))
         assert tuple(timings[(w.shape[1], rows)]) == names
         return timings[(w.shape[1], rows)]
@@ -61,7 +61,7 @@ def test_the_native_kernel_is_timed_for_fp32_where_it_builds_and_a_stale_choice_
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
     names_timed = []
 
-    def timed(w, rows, names):
+    def timed(w, rows, names, group=0):
         names_timed.append((w.dtype, rows, names))
         return {n: {fastest: 1.0, "packed": 2.0}.get(n, 3.0) for n in names}
 
@@ -90,7 +90,7 @@ def test_int8_layers_take_the_faster_kernel_of_one_row_and_of_a_few_cached_and_t
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
     timed = []
 
-    def fake_times(w, rows, names):  # one row: native wins the 8 -> 16 shape; eight rows: torch wins it
+    def fake_times(w, rows, names, group=0):  # one row: native wins the 8 -> 16 shape; eight rows: torch wins it
         timed.append((w.dtype, rows, names))
         slow = (w.shape[0] == 16) == (rows == 1)
         return {"torch": 2.0 if slow else 1.0, "native": 1.5, "native-prefetch": 1.4 if rows > 1 else 1.6}
@@ -100,14 +100,43 @@ def test_int8_layers_take_the_faster_kernel_of_one_row_and_of_a_few_cached_and_t
     pack_linears(model)
     assert [(m.one, m.many) for m in model] == [("native", "torch"), ("torch", "native-prefetch"), ("native", "torch")]
     assert timed == [(torch.int8, rows, ("torch", "native", "native-prefetch")) for _ in range(2) for rows in (1, 8)]
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1|8 rows, prefetch first"] == "native/torch"
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed a shape the cache decides"))
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1|8 rows, prefetch first, ours first"] == "native/torch"
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: pytest.fail("timed a shape the cache decides"))
     again = quantize_int8(three_layers())
     pack_linears(again)
     assert [(m.one, m.many) for m in again] == [("native", "torch"), ("torch", "native-prefetch"), ("native", "torch")]
     monkeypatch.setenv(kernel_choice.ENV_VAR, "packed")
     pack_linears(again)
     assert [(m.one, m.many) for m in again] == [("torch", "torch")] * 3
+
+
+def test_int4_layers_take_the_faster_kernel_timed_on_their_codes_and_group_cached_and_the_override_takes_torchs(cache, monkeypatch):
+    from aiayn.inference.int4 import quantize_int4
+
+    monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
+    timed = []
+
+    def fake_times(w, rows, names, group=0):  # one row: ours wins the 64 -> 32 shape; eight rows: torch wins both
+        timed.append((w.dtype, tuple(w.shape), group, rows, names))
+        return {"torch": 1.0 if rows > 1 or w.shape[0] == 64 else 2.0, "native": 1.5, "native-prefetch": 1.45}
+
+    def two_layers() -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 64))
+
+    monkeypatch.setattr(kernel_choice, "_time_kernels", fake_times)
+    model = quantize_int4(two_layers(), 32)
+    pack_linears(model)
+    assert [(m.one, m.many) for m in model] == [("native-prefetch", "torch"), ("torch", "torch")]
+    # timed on the codes as the layer holds them (uint8, two to a byte) with the group size
+    assert timed == [(torch.uint8, shape, 32, rows, ("torch", "native", "native-prefetch")) for shape in ((32, 32), (64, 16)) for rows in (1, 8)]
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["64->32 int4 g32 weight-only 1|8 rows, prefetch first, ours first"] == "native-prefetch/torch"
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: pytest.fail("timed a shape the cache decides"))
+    again = quantize_int4(two_layers(), 32)
+    pack_linears(again)
+    assert [(m.one, m.many) for m in again] == [("native-prefetch", "torch"), ("torch", "torch")]
+    monkeypatch.setenv(kernel_choice.ENV_VAR, "plain")
+    pack_linears(again)
+    assert [(m.one, m.many) for m in again] == [("torch", "torch")] * 2
 
 
 def test_packed_is_kept_only_when_3_percent_faster():
@@ -121,6 +150,12 @@ def test_ours_without_prefetching_is_kept_only_when_3_percent_faster_than_with_i
     assert kernel_choice._fastest({"native": 0.96, "native-prefetch": 1.0, "plain": 1.1}) == "native"
     assert kernel_choice._fastest({"torch": 1.0, "native": 0.99}) == "native"  # no prefetching candidate: as timed
     assert kernel_choice._fastest({"plain": 0.99, "native": 0.98, "native-prefetch": 1.0}) == "plain"
+
+
+def test_torchs_weight_only_kernel_is_kept_only_when_3_percent_faster_than_ours():
+    assert kernel_choice._fastest({"torch": 0.98, "native": 1.1, "native-prefetch": 1.0}) == "native-prefetch"  # within the noise
+    assert kernel_choice._fastest({"torch": 0.96, "native": 1.1, "native-prefetch": 1.0}) == "torch"
+    assert kernel_choice._fastest({"torch": 0.98, "native": 0.99, "native-prefetch": 1.0}) == "native-prefetch"
 
 
 def test_a_layer_runs_each_regime_through_its_own_kernel(monkeypatch):
@@ -145,7 +180,7 @@ def test_a_layer_runs_each_regime_through_its_own_kernel(monkeypatch):
 def test_a_cached_choice_is_obeyed_without_timing(cache, monkeypatch):
     cache.parent.mkdir(parents=True)
     cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->16 float32 1|8 rows, ours to 8, prefetch first": "plain/plain", "16->8 float32 1|8 rows, ours to 8, prefetch first": "split/packed"}}))
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed a shape the cache decides"))
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: pytest.fail("timed a shape the cache decides"))
     model = three_layers()
     pack_linears(model)
     assert kinds(model) == ["plain/plain", "split/packed", "plain/plain"]
@@ -157,7 +192,7 @@ def test_a_cached_choice_is_obeyed_without_timing(cache, monkeypatch):
 def test_a_choice_of_an_older_cache_format_is_timed_again(cache, monkeypatch):
     cache.parent.mkdir(parents=True)
     cache.write_text(json.dumps({kernel_choice.machine_key(): {"8->4 float32 1|8 rows, ours to 8, prefetch first": "packed-one-row"}}))
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: {n: 2.0 if n == "packed" else 1.0 for n in names})
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: {n: 2.0 if n == "packed" else 1.0 for n in names})
     model = nn.Sequential(nn.Linear(8, 4))
     pack_linears(model)
     assert kinds(model) == ["plain/plain"]
@@ -165,7 +200,7 @@ def test_a_choice_of_an_older_cache_format_is_timed_again(cache, monkeypatch):
 
 
 def test_the_override_is_obeyed_and_an_unknown_one_named(cache, monkeypatch):
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: pytest.fail("timed under an override"))
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: pytest.fail("timed under an override"))
     for mode, expected in (("plain", ["plain/plain"] * 3), ("packed", ["packed/packed"] * 3), ("split", ["split/plain"] * 3)):
         monkeypatch.setenv(kernel_choice.ENV_VAR, mode)
         model = three_layers()
@@ -194,7 +229,7 @@ def test_an_encoder_is_timed_at_its_many_rows(cache, monkeypatch):
     from aiayn import build_model
 
     seen = set()
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: seen.add(rows) or {n: 1.0 for n in names})
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: seen.add(rows) or {n: 1.0 for n in names})
     pack_linears(build_model("tiny-encoder-only"))
     assert seen == {1, 64}
     seen.clear()
@@ -213,7 +248,7 @@ def test_decoding_through_split_kernels_gives_plain_decodings_tokens(cache, monk
 
     torch.manual_seed(0)
     model = build_model("tiny-decoder-only", vocab_size=50, bias=True)
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: {n: {"split": 1.0, "packed": 2.0}.get(n, 3.0) for n in names})
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: {n: {"split": 1.0, "packed": 2.0}.get(n, 3.0) for n in names})
     split = prepare_for_inference(copy.deepcopy(model))
     monkeypatch.setenv(kernel_choice.ENV_VAR, "plain")
     plain = prepare_for_inference(copy.deepcopy(model))
@@ -231,7 +266,7 @@ def test_decoding_through_split_kernels_gives_plain_decodings_tokens(cache, monk
 def test_a_choice_timed_while_other_work_ran_is_used_but_not_cached(cache, monkeypatch, caplog):
     """Another process on a core slows a kernel of two threads and not one of one: such a timing picks wrongly (a
     768 -> 768 fp32 layer cached as F.linear ran at 100 us a token where oneDNN takes 60), so it is not kept."""
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names: {n: 2.0 if n == "packed" else 1.0 for n in names})
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: {n: 2.0 if n == "packed" else 1.0 for n in names})
     monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.6)
     model = nn.Sequential(nn.Linear(8, 4))
     with caplog.at_level(logging.WARNING, logger="aiayn.inference.kernel_choice"):
