@@ -1,5 +1,6 @@
-"""Our matrix-vector product for one row through an fp32, bf16 or weight-only int8 Linear layer (batch-1 decoding),
-or a few rows (up to :data:`FEW_ROWS`: a small batch, speculative decoding's check), built on this machine.
+"""Our matrix-vector product for one row through an fp32, bf16, weight-only int8 or int4 Linear layer (batch-1
+decoding), or a few rows (up to :data:`FEW_ROWS`: a small batch, speculative decoding's check), built on this machine
+(int4: ``gemv_int4.cpp``).
 
 A one-token step reads every weight once for two flops each: its speed is how fast the weights stream from memory.
 oneDNN's packed kernel and MKL's sgemm are general matrix products asked to do a matrix-vector one; the kernel in

@@ -34,7 +34,8 @@ huge pages as well. ``AIAYN_HUGE_PAGES`` overrides: ``measure``, ``on`` or ``off
 
 ``AIAYN_LINEAR_KERNEL`` overrides: ``measure`` (the default), ``packed`` (oneDNN wherever it can pack; in
 training, oneDNN), ``plain`` (``F.linear`` everywhere) or ``split`` (split for one row, ``F.linear`` for several;
-in training, ``F.linear``); weight-only int8 layers take torch's kernel under each of them (:func:`choose_int8_kernels`).
+in training, ``F.linear``); weight-only int8 and int4 layers take torch's kernel under each of them
+(:func:`choose_int8_kernels`, :func:`choose_int4_kernels`).
 None of them builds the native kernel.
 """
 
