@@ -47,8 +47,8 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int8",
-           "gemv_linear", "may_run", "tiles_available", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
+__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int4", "gemv_int8",
+           "gemv_linear", "may_run", "quantized_kernel", "tiles_available", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +126,24 @@ def few_rows(x: Tensor, in_features: int) -> bool:
     return x.numel() <= FEW_ROWS * in_features
 
 
+def quantized_kernel(x: Tensor, in_features: int, one: str, many: str) -> str | None:
+    """The kernel a weight-only int8 or int4 layer timed for a call of ``x (..., in_features)``: ``one`` for one row,
+    ``many`` for a few (:func:`few_rows`), ``None`` for more (a prompt: always torch's)."""
+    return one if x.numel() == in_features else many if few_rows(x, in_features) else None
+
+
 def gemv_int8(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None, prefetch: int = 0) -> Tensor:
     """One row or a few ``x (..., in)`` (fp32 or bf16) through int8 ``weight (out, in)`` times its fp32 ``scale (out,)``, plus
     ``bias``: ``x (W * scale)^T + b`` in ``x``'s dtype, the sums in fp32 (call only where :func:`available`), the
     weights prefetched ``prefetch`` bytes ahead (0: not)."""
     return torch.ops.aiayn_native.gemv(x, weight, scale, bias, prefetch)
+
+
+def gemv_int4(x: Tensor, codes: Tensor, scale_least: Tensor, bias: Tensor | None, prefetch: int = 0) -> Tensor:
+    """One row or a few ``x (..., in)`` (fp32 or bf16) through 4-bit ``codes (out, in / 2)`` (uint8, two to a byte) with
+    their groups' bf16 ``scale_least (out, 2, groups)``, plus ``bias``, in ``x``'s dtype (``gemv_int4.cpp``: the inputs
+    quantised to 8 bits a group; call only where :func:`available`), the codes prefetched ``prefetch`` bytes ahead."""
+    return torch.ops.aiayn_native.gemv(x, codes, scale_least, bias, prefetch)
 
 
 def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

@@ -27,12 +27,12 @@ from aiayn.inference.gemv import NativeCall
 from aiayn.inference.precision import replace_linears
 from aiayn.inference.quantization import avx512_graphs, compute_dtype
 
-__all__ = ["GROUP_SIZES", "Int4Linear", "check_int4_kernel", "quantize_int4"]
+__all__ = ["GROUP_SIZES", "KERNEL_N_MULTIPLE", "Int4Linear", "check_int4_kernel", "quantize_int4"]
 
 log = logging.getLogger(__name__)
 
 GROUP_SIZES = (32, 64, 128)
-_KERNEL_N_MULTIPLE = 16  # the CPU kernel packs outputs in blocks of 16: others are padded (GPT-2's 50257 words)
+KERNEL_N_MULTIPLE = 16  # torch's CPU kernel packs outputs in blocks of 16: others are padded (GPT-2's 50257 words)
 
 
 torch.library.define("aiayn::weight_int4_mm", "(Tensor x, Tensor packed, int group_size, Tensor scale_zeros) -> Tensor")
@@ -141,7 +141,7 @@ class Int4Linear(nn.Module):
     @torch.no_grad()
     def repack(self, dtype: torch.dtype = torch.bfloat16) -> None:
         """Derive the kernel's packed weight and ``(G, N', 2)`` scales-and-zeros (in ``dtype``) from the buffers."""
-        pad = -self.out_features % _KERNEL_N_MULTIPLE  # rows of code 8, scale 0, zero 0: outputs of 0, sliced off
+        pad = -self.out_features % KERNEL_N_MULTIPLE  # rows of code 8, scale 0, zero 0: outputs of 0, sliced off
         codes = F.pad(self.codes().to(torch.int32), (0, 0, 0, pad), value=8)
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
         scale_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, pad))  # (N', G, 2)
@@ -172,11 +172,11 @@ class Int4Linear(nn.Module):
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; one row or a few through our kernel where it was timed faster;
         otherwise fp32 inputs are computed with bf16 activations (torch's kernel's fp32 path is a scalar loop: 28.9 ms
         against 0.105 ms for one row through 768 -> 3072 here)."""
-        kernel = self.one if x.numel() == self.in_features else self.many if gemv.few_rows(x, self.in_features) else None
+        kernel = gemv.quantized_kernel(x, self.in_features, self.one, self.many)
         if kernel in gemv.KERNELS and x.dtype in gemv.DTYPES and gemv.may_run():
             if not torch.compiler.is_compiling():
                 self.ready(compute_dtype(x.dtype))
-            return torch.ops.aiayn_native.gemv(x, self.weight, self.scale_least, self.bias, gemv.KERNELS[kernel])
+            return gemv.gemv_int4(x, self.weight, self.scale_least, self.bias, gemv.KERNELS[kernel])
         compute = compute_dtype(x.dtype)
         flat = x.reshape(-1, self.in_features).to(compute)
         if not torch.compiler.is_compiling():

@@ -58,13 +58,14 @@ from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.cpu import cpu_key
 from aiayn.environment import env_choice, user_cache_dir
 from aiayn.inference.gemv import DTYPES as GEMV_DTYPES
-from aiayn.inference.gemv import FEW_ROWS, gemv_int8, gemv_linear, unavailable_reason
+from aiayn.inference.gemv import FEW_ROWS, gemv_int4, gemv_int8, gemv_linear, unavailable_reason
 from aiayn.inference.gemv import KERNELS as GEMV_KERNELS
 from aiayn.inference.gemv import available as gemv_available
 from aiayn.inference.huge_pages import ENV_VAR as HUGE_PAGES_ENV_VAR
 from aiayn.inference.huge_pages import MODES as HUGE_PAGES_MODES
 from aiayn.inference.huge_pages import huge_page_bytes, huge_page_copies
 from aiayn.inference.huge_pages import unavailable_reason as huge_pages_reason
+from aiayn.inference.int4 import KERNEL_N_MULTIPLE
 from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
@@ -800,8 +801,8 @@ def _kernel(name: str, weight: Tensor, x: Tensor, group: int = 0) -> Callable[[]
         out, groups = weight.shape[0], 2 * weight.shape[1] // group
         if name in GEMV_KERNELS:
             scale_least = torch.rand(out, 2, groups).bfloat16()
-            return lambda: torch.ops.aiayn_native.gemv(x, weight, scale_least, None, GEMV_KERNELS[name])
-        padded = F.pad(weight, (0, 0, 0, -out % 16))  # torch's kernel takes outputs in blocks of 16, as Int4Linear pads them
+            return lambda: gemv_int4(x, weight, scale_least, None, GEMV_KERNELS[name])
+        padded = F.pad(weight, (0, 0, 0, -out % KERNEL_N_MULTIPLE))  # torch's kernel's blocks of outputs, as Int4Linear pads
         scale_zeros, xb = torch.rand(groups, padded.shape[0], 2).bfloat16(), x.bfloat16()
         return lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, padded, group, scale_zeros)
     if weight.dtype == torch.int8:

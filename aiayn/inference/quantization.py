@@ -212,7 +212,7 @@ class Int8Linear(nn.Module):
         """``x (..., K) -> (..., N)`` in ``x``'s dtype; fp32 inputs are computed with bf16 activations (but one row through
         the native kernel, or a few where it was timed faster: fp32), and the bias is added in its own dtype (the model's) as the output widens back to it
         (one op, no cast of the bias)."""
-        kernel = self.one if x.numel() == self.in_features else self.many if gemv.few_rows(x, self.in_features) else None
+        kernel = gemv.quantized_kernel(x, self.in_features, self.one, self.many)
         if kernel in gemv.KERNELS and x.dtype in gemv.DTYPES and gemv.may_run():
             return gemv.gemv_int8(x, self.weight, self.scale, self.bias, gemv.KERNELS[kernel])
         compute = compute_dtype(x.dtype)
