@@ -32,8 +32,9 @@ from aiayn.models.decoder_only import DecoderOnly
 from aiayn.nn.attention import _native_fits, resolve_backend
 from aiayn.nn.blocks import TransformerLayer
 from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
+from aiayn.nn.embedding import TokenEmbedding
 from aiayn.nn.feedforward import native_gelu_tanh
-from aiayn.nn.positional import RotaryPositions
+from aiayn.nn.positional import LearnedPositions, RotaryPositions
 
 __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_step", "native_step_blocker"]
 
@@ -126,7 +127,8 @@ class NativeStep:
 
     def __init__(self, model: DecoderOnly) -> None:
         self._model = model
-        self._plans: dict[bool, Any] = {}  # one row of one token? -> torch.classes.aiayn_native.DecodeStep
+        # one row of one token? -> (torch.classes.aiayn_native.DecodeStep, whether it embeds, whether it projects)
+        self._plans: dict[bool, tuple[Any, bool, bool] | None] = {}
 
     def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
         return self.logits(model, tokens, cache, key_mask, offset)[:, -1]
@@ -134,25 +136,30 @@ class NativeStep:
     def logits(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
         """``tokens (B, T)`` at positions ``offset`` (an int, or ``(B,)``) after the cached ones -> logits ``(B, T, V)``,
         as ``model(tokens, key_mask, cache=cache, offset=offset)`` gives them."""
-        plan = self._plan(model, tokens, cache)
-        if plan is None or cache is None:
+        chosen = self._plan(model, tokens, cache)
+        if chosen is None or cache is None:
             return model(tokens, key_mask, cache=cache, offset=offset)
-        check_token_ids(tokens, model.config.vocab_size, "ids")
+        plan, embeds, projects = chosen
         caches = cache.self_attn
         positions = model.positions
-        x = positions.embed(model.embed(tokens), offset)  # (B, T, D): the model's own embeddings
         length = tokens.shape[1]
-        cos, sin = positions.angles(offset, length, x.device) if isinstance(positions, RotaryPositions) else (None, None)
+        if embeds and tokens.dtype == torch.long and tokens.dim() == 2:
+            # the step embeds, checking the ids: one call from here to the logits
+            inputs, at = tokens.contiguous(), offset if isinstance(offset, Tensor) else torch.tensor([offset])
+        else:
+            check_token_ids(tokens, model.config.vocab_size, "ids")
+            inputs, at = positions.embed(model.embed(tokens), offset), None  # (B, T, D): the model's own embeddings
+        cos, sin = positions.angles(offset, length, tokens.device) if isinstance(positions, RotaryPositions) else (None, None)
         tensors = [t for c in caches for t in (c.k, c.v)]
         if type(caches[0]) is StaticLayerCache:
-            x = plan.run(x, tensors, [c.next_column for c in caches], key_mask, cos, sin)
+            out = plan.run(inputs, at, tensors, [c.next_column for c in caches], key_mask, cos, sin)
         else:  # the growing cache: each layer's keys and values with the new positions appended, as LayerCache.update does
-            x, tensors = plan.run_growing(x, tensors, key_mask, cos, sin)
+            out, tensors = plan.run_growing(inputs, at, tensors, key_mask, cos, sin)
             for c, k, v in zip(caches, tensors[0::2], tensors[1::2]):
                 c.k, c.v, c.length = k, v, c.length + length
-        return model.output(x)
+        return out if projects else model.output(out)
 
-    def _plan(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None) -> Any:
+    def _plan(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None) -> tuple[Any, bool, bool] | None:
         """The plan for this call, or ``None`` where the forward must run."""
         if model.training or model is not self._model or cache is None:
             return None
@@ -163,7 +170,8 @@ class NativeStep:
         one = tokens.numel() == 1
         if one not in self._plans:
             try:
-                self._plans[one] = build_plan(model, one)
+                plan = build_plan(model, one)
+                self._plans[one] = (plan, plan.embeds(), plan.projects())
             except ValueError as err:  # a Linear kind it does not know: this batch kind keeps the forward
                 log.debug("the one-token step runs eagerly at %s: %s", "one row" if one else "several rows", err)
                 self._plans[one] = None
@@ -203,7 +211,38 @@ def build_plan(model: DecoderOnly, one_row: bool) -> Any:
                       ATTENTION[_attention(attention, dtype, 2)]]  # one query a row; several
     if stack.norm is not None:
         plan.norm(stack.norm)
+    _output(plan, model.output, one_row, dtype)
+    _embeddings(plan, model)
     return torch.classes.aiayn_native.DecodeStep(plan.tensors, plan.ints, plan.floats)
+
+
+def _output(plan: _Plan, output: nn.Module, one_row: bool, dtype: torch.dtype) -> None:
+    """The output projection in the plan where the C++ step knows its kind (the logits then come from the step, with no
+    Python after the last layer), else a 0: the model's own module projects."""
+    projection = _Plan()
+    try:
+        _linear(projection, output, one_row, dtype)
+    except ValueError as err:
+        log.debug("the output projection stays the model's module: %s", err)
+        plan.ints.append(0)
+        return
+    plan.ints.append(1)
+    plan.ints += projection.ints
+    plan.tensors += projection.tensors
+
+
+def _embeddings(plan: _Plan, model: DecoderOnly) -> None:
+    """The token table and its scale, and the learned position table, in the plan where the model embeds so (then the
+    step takes token ids, and a token's Python before the layers is one call), else a 0: the model's modules embed.
+    Sinusoidal positions stay in Python (their table grows on demand)."""
+    embed, positions = model.embed, model.positions
+    if type(embed) is not TokenEmbedding or positions.kind not in ("learned", "none", "rotary"):
+        plan.ints.append(0)
+        return
+    plan.ints.append(1)
+    table: Tensor | None = positions.weight if isinstance(positions, LearnedPositions) else None
+    plan.tensors += [embed.weight, table]
+    plan.floats.append(float(embed.scale))
 
 
 def _activation(name: str, dtype: torch.dtype) -> str:

@@ -23,6 +23,7 @@ from aiayn.decoding.processors import (
     top_p_filter,
 )
 from aiayn.decoding.protocol import DecodeState
+from aiayn.inference import gemv
 from aiayn.tokenization.special import EOS_ID, PAD_ID
 from aiayn.validation import is_int, is_number, rule
 
@@ -115,9 +116,13 @@ def logits_to_probs(
 
 def argmax_last(scores: Tensor) -> Tensor:
     """``scores.argmax(dim=-1)``: the index of the largest of ``scores (B, V)`` in each row ``(B,)``, the first on ties
-    (NaN counts as largest), through ``max``, which on the CPU takes a quarter to half of argmax's time over a 50257-word
-    vocabulary (fp32 26 against 73 us, bf16 41 against 184 us, on an AMX Xeon, the same under torch's AVX2 code; the
-    command is in docs/benchmarks.md)."""
+    (NaN counts as largest). On the CPU, through our two-pass kernel where the native library is loaded (after a token's
+    weights have streamed through the caches, torch's reduction took 95-180 us of a token, ours about ten:
+    ``aiayn/inference/argmax.cpp``), else through ``max``, which takes a quarter to half of argmax's time
+    over a 50257-word vocabulary (fp32 26 against 73 us, bf16 41 against 184 us, on an AMX Xeon; docs/benchmarks.md)."""
+    if (scores.dtype in (torch.float32, torch.bfloat16) and scores.dim() == 2 and scores.shape[1] and scores.device.type == "cpu"
+            and not torch.compiler.is_compiling() and gemv.loaded()):
+        return gemv.argmax_last(scores)
     return scores.max(dim=-1).indices
 
 

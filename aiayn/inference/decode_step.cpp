@@ -17,6 +17,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -264,33 +265,81 @@ class DecodeStep : public torch::CustomClassHolder {
       layers_.push_back(std::move(layer));
     }
     if (has_final_norm_) final_norm_ = Norm::read(r);
+    if (r.integer() != 0) output_ = Linear::read(r);  // the output projection, where its kind is known here
+    if (r.integer() != 0) {  // the embeddings: the token table (times its scale) plus a learned position table, or none
+      embed_ = r.tensor();
+      embed_scale_ = r.real();
+      positions_ = r.tensor();
+      TORCH_CHECK(embed_.has_value() && embed_->dim() == 2, "aiayn_native::DecodeStep: the embeddings need the token table");
+    }
     r.done();
   }
 
-  // x (B, T, D) after the embeddings -> (B, T, D) after the last layer (and the final norm): T new positions per row
-  // (one, decoding; a few, speculative decoding's check). cache: each layer's key and value buffers (B, Hkv, max_len, Dh),
-  // layer by layer; columns: each layer's next column (a one-element long tensor, advanced here); key_mask: None or bool
-  // (B, W) with W >= the columns filled after this call, True = may attend; cos and sin: rotary positions' angles at each
-  // row's positions (B or 1, 1, T, Dh), None without them.
-  at::Tensor run(at::Tensor x, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns, std::optional<at::Tensor> key_mask,
-                 std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
+  // input -> (B, T, D) after the last layer (and the final norm), or the logits (B, T, V) where the plan holds the output
+  // projection: T new positions per row (one, decoding; a few, speculative decoding's check). input: the token ids (B, T)
+  // at positions `offset` ((B,) or (1,) long) where the plan holds the embeddings, else x (B, T, D) after them (offset
+  // None). cache: each layer's key and value buffers (B, Hkv, max_len, Dh), layer by layer; columns: each layer's next
+  // column (a one-element long tensor, advanced here); key_mask: None or bool (B, W) with W >= the columns filled after
+  // this call, True = may attend; cos and sin: rotary positions' angles at each row's positions (B or 1, 1, T, Dh), None
+  // without them.
+  at::Tensor run(at::Tensor input, std::optional<at::Tensor> offset, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns,
+                 std::optional<at::Tensor> key_mask, std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
     const int64_t n = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(static_cast<int64_t>(columns.size()) == n, "aiayn_native::DecodeStep: ", n, " layers take ", n, " columns, got ",
                 columns.size());
-    return forward(std::move(x), cache, &columns, key_mask, cos, sin);
+    return output(forward(embed(input, offset), cache, &columns, key_mask, cos, sin));
   }
 
   // The same over growing caches (LayerCache: keys and values (B, Hkv, S, Dh) of every position so far): each layer's
-  // new keys and values are appended (torch.cat, as LayerCache.update does); returns x and the caches' new tensors, in
-  // the order of `cache`, for the caller to hold. key_mask: None or bool (B, S + T).
-  std::tuple<at::Tensor, std::vector<at::Tensor>> run_growing(at::Tensor x, std::vector<at::Tensor> cache,
-                                                               std::optional<at::Tensor> key_mask, std::optional<at::Tensor> cos,
-                                                               std::optional<at::Tensor> sin) {
-    at::Tensor out = forward(std::move(x), cache, nullptr, key_mask, cos, sin);
+  // new keys and values are appended (torch.cat, as LayerCache.update does); returns its result and the caches' new
+  // tensors, in the order of `cache`, for the caller to hold. key_mask: None or bool (B, S + T).
+  std::tuple<at::Tensor, std::vector<at::Tensor>> run_growing(at::Tensor input, std::optional<at::Tensor> offset,
+                                                               std::vector<at::Tensor> cache, std::optional<at::Tensor> key_mask,
+                                                               std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
+    at::Tensor out = output(forward(embed(input, offset), cache, nullptr, key_mask, cos, sin));
     return {out, cache};
   }
 
+  // Whether the plan holds the embeddings (run takes token ids) and the output projection (run gives logits).
+  bool embeds() const { return embed_.has_value(); }
+  bool projects() const { return output_.has_value(); }
+
  private:
+  // The token ids (B, T) at positions offset .. offset + T - 1 of each row -> x (B, T, D), as DecoderOnly embeds them:
+  // the token table's rows times its scale, plus the learned positions' rows (a negative position, left padding, reads
+  // row 0). Ids outside the vocabulary and positions past the table are errors, worded as the model words them. x
+  // embedded by the caller (offset None) passes through.
+  at::Tensor embed(const at::Tensor& input, const std::optional<at::Tensor>& offset) const {
+    if (!offset.has_value()) return input;  // x, embedded by the caller (any plan takes it)
+    TORCH_CHECK(embed_.has_value(), "aiayn_native::DecodeStep: this plan takes x after the embeddings, not ids and offsets");
+    TORCH_CHECK(input.scalar_type() == at::kLong && input.dim() == 2 && input.is_contiguous() && offset.has_value() &&
+                offset->scalar_type() == at::kLong && offset->dim() == 1 && offset->is_contiguous() &&
+                (offset->size(0) == 1 || offset->size(0) == input.size(0)), "aiayn_native::DecodeStep: ids (B, T) long and offset ",
+                "(B or 1,) long, got ", input.scalar_type(), " ", input.sizes(), " and ", offset->scalar_type(), " ", offset->sizes());
+    const int64_t vocab = embed_->size(0), length = input.size(1);
+    const int64_t* id = input.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < input.numel(); ++i) {
+      TORCH_CHECK_VALUE(id[i] < vocab, "ids holds token id ", id[i], ", outside the vocabulary of vocab_size=", vocab);
+      TORCH_CHECK_VALUE(id[i] >= 0, "ids holds negative token id ", id[i], "; ids must be in [0, vocab_size=", vocab, ")");
+    }
+    at::Tensor x = at::embedding(*embed_, input);
+    if (embed_scale_ != 1.0) x = x * embed_scale_;
+    if (!positions_.has_value()) return x;
+    const int64_t rows = offset->size(0), max_len = positions_->size(0);
+    at::Tensor at_positions = at::empty({rows * length}, offset->options());
+    int64_t* p = at_positions.mutable_data_ptr<int64_t>();
+    for (int64_t b = 0; b < rows; ++b) {
+      const int64_t start = offset->const_data_ptr<int64_t>()[b];
+      TORCH_CHECK_VALUE(start + length <= max_len, "sequence of length ", start + length, " is longer than the learned positions' ",
+                        "max_len=", max_len);
+      for (int64_t t = 0; t < length; ++t) p[b * length + t] = std::max<int64_t>(start + t, 0);
+    }
+    return x + positions_->index_select(0, at_positions).view({rows, length, x.size(2)}).to(x.scalar_type());
+  }
+
+  // After the final norm: the logits through the output projection, where the plan holds it.
+  at::Tensor output(const at::Tensor& x) const { return output_.has_value() ? linear(x, *output_) : x; }
+
   // The layers: `columns` each static cache's next column (nullptr: the caches grow, and `cache` gets their new tensors).
   at::Tensor forward(at::Tensor x, std::vector<at::Tensor>& cache, std::vector<at::Tensor>* columns, const std::optional<at::Tensor>& key_mask,
                      const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin) const {
@@ -432,6 +481,9 @@ class DecodeStep : public torch::CustomClassHolder {
   bool pre_norm_ = false, has_final_norm_ = false, rotary_ = false, qk_norm_ = false;
   std::vector<Layer> layers_;
   Norm final_norm_;
+  std::optional<Linear> output_;
+  std::optional<at::Tensor> embed_, positions_;
+  double embed_scale_ = 1.0;
 };
 
 }  // namespace
@@ -440,5 +492,7 @@ TORCH_LIBRARY_FRAGMENT(aiayn_native, m) {
   m.class_<DecodeStep>("DecodeStep")
       .def(torch::init<Tensors, std::vector<int64_t>, std::vector<double>>())
       .def("run", &DecodeStep::run)
-      .def("run_growing", &DecodeStep::run_growing);
+      .def("run_growing", &DecodeStep::run_growing)
+      .def("embeds", &DecodeStep::embeds)
+      .def("projects", &DecodeStep::projects);
 }

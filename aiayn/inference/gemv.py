@@ -47,7 +47,7 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "attend_one", "available", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int4", "gemv_int8",
+__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "argmax_last", "attend_one", "available", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int4", "gemv_int8", "loaded",
            "gemv_linear", "may_run", "quantized_kernel", "tiles_available", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
@@ -55,11 +55,11 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("gemv.cpp")
 # The library's sources, built together into one operator library: the matrix-vector product, one query's attention,
 # GPT-2's GELU, the vector pieces they share (a header), the one-token decoding step that calls them
-# (aiayn.decoding.native_step), and training's loss, attention (our loops, and oneDNN's small-matrix kernel), transposes
-# written out and master-weight optimizer step.
+# (aiayn.decoding.native_step), greedy's pick (argmax), and training's loss, attention (our loops, and oneDNN's
+# small-matrix kernel), transposes written out and master-weight optimizer step.
 SOURCES = (SOURCE, SOURCE.with_name("gemv_int4.cpp"), SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
            SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("attention_tiles.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("transpose.cpp"),
-           SOURCE.with_name("adamw.cpp"))
+           SOURCE.with_name("adamw.cpp"), SOURCE.with_name("argmax.cpp"))
 HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("gemv_int4.h"), SOURCE.with_name("attention_tiles.h"))
 BUILD_TIMEOUT_S = 600
 
@@ -164,6 +164,18 @@ def gelu_tanh_backward(grad: Tensor, x: Tensor) -> Tensor:
     return torch.ops.aiayn_native.gelu_tanh_backward(grad, x)
 
 
+def argmax_last(scores: Tensor) -> Tensor:
+    """The index of the largest of each row of ``scores (B, V)`` (fp32 or bf16), the first on ties, NaN largest: torch's
+    ``argmax(dim=-1)`` (``argmax.cpp``; call only where :func:`loaded`)."""
+    return torch.ops.aiayn_native.argmax_last(scores)
+
+
+def loaded() -> bool:
+    """Whether the library is already loaded in this process: never builds it, for callers that must not wait on a build
+    (greedy's pick takes torch's kernel until something else has loaded it)."""
+    return _load.cache_info().currsize > 0 and _load() is None
+
+
 def available() -> bool:
     """Whether ``aiayn_native::gemv`` is loaded here, building it first if it was never built for this machine."""
     return _load() is None
@@ -206,6 +218,7 @@ def _load() -> str | None:
     torch.library.register_fake("aiayn_native::gemv")(_fake)
     torch.library.register_fake("aiayn_native::attend_one")(_fake_attend)
     torch.library.register_fake("aiayn_native::gelu_tanh")(lambda x: torch.empty_like(x))
+    torch.library.register_fake("aiayn_native::argmax_last")(lambda scores: scores.new_empty(scores.shape[:1], dtype=torch.long))
     torch.library.register_fake("aiayn_native::gelu_tanh_backward")(lambda grad, x: torch.empty_like(x))
     torch.library.register_fake("aiayn_native::cross_entropy_rows")(_fake_cross_entropy)
     torch.library.register_fake("aiayn_native::cross_entropy_backward")(lambda grad, logits, *rest: torch.empty_like(logits))

@@ -194,3 +194,29 @@ def test_argmax_last_is_argmax_first_index_on_ties_and_nan_as_largest():
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         scores = rows.to(dtype)
         assert torch.equal(argmax_last(scores), scores.argmax(dim=-1))
+
+
+def test_native_argmax_is_argmax_in_the_vectors_and_the_tail(native_gemv):
+    """Our two-pass kernel, which greedy takes once the library is loaded: argmax's index whether the winner, a tie or a
+    NaN falls in the vector part of a row or in the tail after it, in fp32 and bf16, rows of 1 to 40 scores."""
+    from aiayn.decoding.sampling import argmax_last
+
+    assert native_gemv.loaded()
+    torch.manual_seed(0)
+    for n in (1, 7, 8, 15, 16, 17, 33, 40):
+        rows = torch.randn(6, n)
+        rows[1, -1] = 50.0  # in the tail
+        rows[2, [0, n - 1]] = 50.0  # a tie across the two parts
+        rows[3, n // 2] = float("nan")
+        rows[4] = float("-inf")
+        rows[5, n - 1] = float("nan")
+        for dtype in (torch.float32, torch.bfloat16):
+            scores = rows.to(dtype)
+            assert torch.equal(native_gemv.argmax_last(scores), scores.argmax(dim=-1)), (n, dtype)
+            assert torch.equal(argmax_last(scores[:, :]), scores.argmax(dim=-1))
+    wide = torch.randn(3, 50257)
+    wide[0, [40000, 50256]] = 9.0
+    assert torch.equal(native_gemv.argmax_last(wide), wide.argmax(dim=-1))
+    assert torch.equal(native_gemv.argmax_last(wide[:, ::2]), wide[:, ::2].argmax(dim=-1))  # not contiguous
+    with pytest.raises(RuntimeError, match="scores \\(B, V\\) float32 or bfloat16"):
+        native_gemv.argmax_last(torch.zeros(2, 3, dtype=torch.float64))

@@ -164,6 +164,29 @@ def test_stepping_past_the_static_cache_names_its_length(native_gemv):
         decoder.step(FEED[1, :1], state)
 
 
+def test_the_step_embeds_and_projects_and_refuses_what_the_model_refuses(native_gemv):
+    """A GPT-2-like model's step takes the ids and gives the logits (no Python between); ids outside the vocabulary and
+    positions past the learned table get the model's own errors, before any cache column is written."""
+    model = _loaded(max_len=6)
+    decoder = CausalLMDecoder(model, static_cache=True)
+    ids, mask = left_pad(random_rows([4]))
+    state, _ = decoder.start(ids, mask, max_new_tokens=2)  # 6 columns, all the learned positions
+    decoder.step(FEED[0, :1], state)
+    assert decoder._native._plans[True][1:] == (True, True)  # it embeds, it projects
+    column = int(state.column)
+    for bad, words in ((model.config.vocab_size, "outside the vocabulary of vocab_size="), (-1, "negative token id -1")):
+        with pytest.raises(ValueError, match=words):
+            decoder.step(torch.tensor([bad]), state)
+        assert int(state.column) == column
+        state.crop(column)
+    past = (FEED[1, :1, None], state.cache, None, torch.tensor([6]))
+    with pytest.raises(ValueError, match="sequence of length 7 is longer than the learned positions' max_len=6"):
+        model(past[0], cache=past[1], offset=past[3])
+    with pytest.raises(ValueError, match="sequence of length 7 is longer than the learned positions' max_len=6"):
+        decoder._native.logits(model, *past)
+    assert int(state.column) == column
+
+
 def test_int8_dynamic_layers_keep_the_eager_step(native_gemv):
     """Int8DynamicLinear is an Int8Linear that quantises its input too: not the kind the C++ step computes."""
     model = _loaded(quantize="int8-dynamic", d_model=64, d_ff=128)
