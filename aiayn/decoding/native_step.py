@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from aiayn.decoding.sampling import remember_argmax
 from aiayn.inference import gemv
 from aiayn.models.common import check_token_ids
 from aiayn.models.decoder_only import DecoderOnly
@@ -131,14 +132,23 @@ class NativeStep:
         self._plans: dict[bool, tuple[Any, bool, bool] | None] = {}
 
     def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
-        return self.logits(model, tokens, cache, key_mask, offset)[:, -1]
+        logits, best = self._run(model, tokens, cache, key_mask, offset)
+        last = logits[:, -1]
+        if best is not None:  # the step's own argmax of these logits: greedy's pick without another pass (sampling.py)
+            remember_argmax(last, best)
+        return last
 
     def logits(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
         """``tokens (B, T)`` at positions ``offset`` (an int, or ``(B,)``) after the cached ones -> logits ``(B, T, V)``,
         as ``model(tokens, key_mask, cache=cache, offset=offset)`` gives them."""
+        return self._run(model, tokens, cache, key_mask, offset)[0]
+
+    def _run(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None,
+             offset: Tensor | int) -> tuple[Tensor, Tensor | None]:
+        """:meth:`logits`, and each row's argmax where the step made it (one position a row, fp32 logits), else ``None``."""
         chosen = self._plan(model, tokens, cache)
         if chosen is None or cache is None:
-            return model(tokens, key_mask, cache=cache, offset=offset)
+            return model(tokens, key_mask, cache=cache, offset=offset), None
         plan, embeds, projects = chosen
         caches = cache.self_attn
         positions = model.positions
@@ -152,12 +162,12 @@ class NativeStep:
         cos, sin = positions.angles(offset, length, tokens.device) if isinstance(positions, RotaryPositions) else (None, None)
         tensors = [t for c in caches for t in (c.k, c.v)]
         if type(caches[0]) is StaticLayerCache:
-            out = plan.run(inputs, at, tensors, [c.next_column for c in caches], key_mask, cos, sin)
+            out, best = plan.run(inputs, at, tensors, [c.next_column for c in caches], key_mask, cos, sin)
         else:  # the growing cache: each layer's keys and values with the new positions appended, as LayerCache.update does
-            out, tensors = plan.run_growing(inputs, at, tensors, key_mask, cos, sin)
+            out, best, tensors = plan.run_growing(inputs, at, tensors, key_mask, cos, sin)
             for c, k, v in zip(caches, tensors[0::2], tensors[1::2]):
                 c.k, c.v, c.length = k, v, c.length + length
-        return out if projects else model.output(out)
+        return (out, best) if projects else (model.output(out), None)
 
     def _plan(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None) -> tuple[Any, bool, bool] | None:
         """The plan for this call, or ``None`` where the forward must run."""

@@ -6,6 +6,7 @@ gpt-fast style: each piece is a small function (``logits_to_probs``, ``sample``)
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -27,7 +28,7 @@ from aiayn.inference import gemv
 from aiayn.tokenization.special import EOS_ID, PAD_ID
 from aiayn.validation import is_int, is_number, rule
 
-__all__ = ["GenerationConfig", "MAX_TEMPERATURE", "argmax_last", "logits_to_probs", "sample", "next_token", "next_token_probs", "processed_logits"]
+__all__ = ["GenerationConfig", "MAX_TEMPERATURE", "argmax_last", "remember_argmax", "logits_to_probs", "sample", "next_token", "next_token_probs", "processed_logits"]
 
 MAX_TEMPERATURE = 100.0  # above it every distribution is uniform to float precision: surely a typo
 
@@ -114,12 +115,27 @@ def logits_to_probs(
     return logits.softmax(dim=-1).float()  # float32: only the filters needed float64
 
 
+# The argmax the C++ decoding step made of the logits it returned (aiayn.decoding.native_step), kept for greedy's pick:
+# (the logits, their version counter then, the picks). Only these very logits, unchanged since, take it.
+_REMEMBERED: tuple[weakref.ref[Tensor], int, Tensor] | None = None
+
+
+def remember_argmax(scores: Tensor, best: Tensor) -> None:
+    """Keep ``best (B,)``, the argmax of each row of ``scores (B, V)``, for :func:`argmax_last` of these same ``scores``
+    (not a copy, not after an in-place change)."""
+    global _REMEMBERED
+    _REMEMBERED = (weakref.ref(scores), scores._version, best)
+
+
 def argmax_last(scores: Tensor) -> Tensor:
     """``scores.argmax(dim=-1)``: the index of the largest of ``scores (B, V)`` in each row ``(B,)``, the first on ties
     (NaN counts as largest). On the CPU, through our two-pass kernel where the native library is loaded (after a token's
     weights have streamed through the caches, torch's reduction took 95-180 us of a token, ours about ten:
     ``aiayn/inference/argmax.cpp``), else through ``max``, which takes a quarter to half of argmax's time
     over a 50257-word vocabulary (fp32 26 against 73 us, bf16 41 against 184 us, on an AMX Xeon; docs/benchmarks.md)."""
+    remembered = _REMEMBERED
+    if remembered is not None and remembered[0]() is scores and scores._version == remembered[1]:
+        return remembered[2]
     if (scores.dtype in (torch.float32, torch.bfloat16) and scores.dim() == 2 and scores.shape[1] and scores.device.type == "cpu"
             and not torch.compiler.is_compiling() and gemv.loaded()):
         return gemv.argmax_last(scores)

@@ -2,18 +2,24 @@
 // NaN counting as the largest), over fp32 or bf16 rows (aiayn/decoding/sampling.py calls it where the library is loaded).
 //
 // Why: after a token's weights have streamed through the caches, torch's reduction (its dispatch and TensorIterator
-// code, evicted) took 95-180 us for one row of 50257 logits, where these two passes over the row (its largest value, then where it first is) take about ten.
+// code, evicted) took 95-180 us for one row of 50257 logits, where these two passes over the row (its largest value, then where it first is) take about ten hot (twenty after the
+// output projection, split over the threads that wrote the logits).
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "simd.h"
 
 namespace {
 
 using namespace aiayn_simd;
+
+constexpr int64_t kBlock = 4096;  // the fewest scores worth a thread of their own
 
 // The largest of x[0..n) widened to fp32, or NaN where the row holds one.
 template <typename T>
@@ -78,12 +84,28 @@ int64_t first_index(const T* x, int64_t n, float value) {
   return n;  // not reached: value was taken from the row
 }
 
+// Each row's pick, the row split into blocks over torch's threads (each block's largest value and where it first is,
+// then the first block holding the largest): the output projection wrote each thread's part of the logits into its own
+// core's cache, where that thread reads it again.
 template <typename T>
 void argmax_rows(const at::Tensor& scores, int64_t* out) {
-  const int64_t rows = scores.size(0), n = scores.size(1);
+  const int64_t rows = scores.size(0), n = scores.size(1), blocks = std::min<int64_t>(at::get_num_threads(), (n + kBlock - 1) / kBlock);
+  std::vector<float> top(blocks);
+  std::vector<int64_t> where(blocks);
   for (int64_t r = 0; r < rows; ++r) {
     const T* x = scores.const_data_ptr<T>() + r * n;
-    out[r] = first_index(x, n, row_max(x, n));
+    at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t from = n * k / blocks, to = n * (k + 1) / blocks;
+        top[k] = row_max(x + from, to - from);
+        where[k] = from + first_index(x + from, to - from, top[k]);
+      }
+    });
+    int64_t best = 0;  // the first block whose value is NaN, else the first holding the largest
+    for (int64_t k = 1; k < blocks; ++k) {
+      if (!std::isnan(top[best]) && (std::isnan(top[k]) || top[k] > top[best])) best = k;
+    }
+    out[r] = where[best];
   }
 }
 

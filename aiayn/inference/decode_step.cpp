@@ -125,6 +125,12 @@ const c10::TypedOperatorHandle<AttendFn>& attend_one_op() {
   return op;
 }
 
+using ArgmaxFn = at::Tensor(const at::Tensor&);
+const c10::TypedOperatorHandle<ArgmaxFn>& argmax_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aiayn_native::argmax_last", "").typed<ArgmaxFn>();
+  return op;
+}
+
 const c10::TypedOperatorHandle<GeluFn>& gelu_tanh_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aiayn_native::gelu_tanh", "").typed<GeluFn>();
   return op;
@@ -276,13 +282,14 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   // input -> (B, T, D) after the last layer (and the final norm), or the logits (B, T, V) where the plan holds the output
-  // projection: T new positions per row (one, decoding; a few, speculative decoding's check). input: the token ids (B, T)
+  // projection, and, with the logits of one position a row, each row's largest (argmax.cpp: greedy's pick, made here
+  // while the logits are in the cache; else None): T new positions per row (one, decoding; a few, speculative decoding's check). input: the token ids (B, T)
   // at positions `offset` ((B,) or (1,) long) where the plan holds the embeddings, else x (B, T, D) after them (offset
   // None). cache: each layer's key and value buffers (B, Hkv, max_len, Dh), layer by layer; columns: each layer's next
   // column (a one-element long tensor, advanced here); key_mask: None or bool (B, W) with W >= the columns filled after
   // this call, True = may attend; cos and sin: rotary positions' angles at each row's positions (B or 1, 1, T, Dh), None
   // without them.
-  at::Tensor run(at::Tensor input, std::optional<at::Tensor> offset, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns,
+  std::tuple<at::Tensor, std::optional<at::Tensor>> run(at::Tensor input, std::optional<at::Tensor> offset, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns,
                  std::optional<at::Tensor> key_mask, std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
     const int64_t n = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(static_cast<int64_t>(columns.size()) == n, "aiayn_native::DecodeStep: ", n, " layers take ", n, " columns, got ",
@@ -293,11 +300,11 @@ class DecodeStep : public torch::CustomClassHolder {
   // The same over growing caches (LayerCache: keys and values (B, Hkv, S, Dh) of every position so far): each layer's
   // new keys and values are appended (torch.cat, as LayerCache.update does); returns its result and the caches' new
   // tensors, in the order of `cache`, for the caller to hold. key_mask: None or bool (B, S + T).
-  std::tuple<at::Tensor, std::vector<at::Tensor>> run_growing(at::Tensor input, std::optional<at::Tensor> offset,
+  std::tuple<at::Tensor, std::optional<at::Tensor>, std::vector<at::Tensor>> run_growing(at::Tensor input, std::optional<at::Tensor> offset,
                                                                std::vector<at::Tensor> cache, std::optional<at::Tensor> key_mask,
                                                                std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
-    at::Tensor out = output(forward(embed(input, offset), cache, nullptr, key_mask, cos, sin));
-    return {out, cache};
+    auto [out, best] = output(forward(embed(input, offset), cache, nullptr, key_mask, cos, sin));
+    return {out, best, cache};
   }
 
   // Whether the plan holds the embeddings (run takes token ids) and the output projection (run gives logits).
@@ -337,8 +344,14 @@ class DecodeStep : public torch::CustomClassHolder {
     return x + positions_->index_select(0, at_positions).view({rows, length, x.size(2)}).to(x.scalar_type());
   }
 
-  // After the final norm: the logits through the output projection, where the plan holds it.
-  at::Tensor output(const at::Tensor& x) const { return output_.has_value() ? linear(x, *output_) : x; }
+  // After the final norm: the logits through the output projection where the plan holds it, and their argmax where
+  // they are one position a row of fp32 (greedy's pick; sampling ignores it).
+  std::tuple<at::Tensor, std::optional<at::Tensor>> output(const at::Tensor& x) const {
+    if (!output_.has_value()) return {x, std::nullopt};
+    at::Tensor logits = linear(x, *output_);
+    if (logits.size(1) != 1 || logits.scalar_type() != at::kFloat) return {logits, std::nullopt};
+    return {logits, argmax_op().call(logits.view({logits.size(0), logits.size(2)}))};
+  }
 
   // The layers: `columns` each static cache's next column (nullptr: the caches grow, and `cache` gets their new tensors).
   at::Tensor forward(at::Tensor x, std::vector<at::Tensor>& cache, std::vector<at::Tensor>* columns, const std::optional<at::Tensor>& key_mask,

@@ -187,6 +187,24 @@ def test_the_step_embeds_and_projects_and_refuses_what_the_model_refuses(native_
     assert int(state.column) == column
 
 
+def test_greedy_takes_the_argmax_the_step_made_of_these_logits_only(native_gemv):
+    """The step's argmax of the logits it returns is greedy's pick of them (the same index as argmax), and of nothing else:
+    not of a copy, not after the logits change in place."""
+    from aiayn.decoding import sampling
+
+    decoder = CausalLMDecoder(_loaded(), static_cache=True)
+    ids, mask = left_pad(random_rows([4, 2]))
+    state, _ = decoder.start(ids, mask, max_new_tokens=3)
+    logits = decoder.step(FEED[0, :2], state)
+    best = sampling.argmax_last(logits)
+    assert best is sampling._REMEMBERED[2] and torch.equal(best, logits.argmax(dim=-1))
+    copy = logits.clone()
+    assert sampling.argmax_last(copy) is not best and torch.equal(sampling.argmax_last(copy), best)
+    assert (best != 0).all()
+    logits[:, 0] = logits.max() + 1  # in place: the remembered pick no longer holds
+    assert torch.equal(sampling.argmax_last(logits), torch.zeros(2, dtype=torch.long))
+
+
 def test_int8_dynamic_layers_keep_the_eager_step(native_gemv):
     """Int8DynamicLinear is an Int8Linear that quantises its input too: not the kind the C++ step computes."""
     model = _loaded(quantize="int8-dynamic", d_model=64, d_ff=128)
