@@ -5,8 +5,11 @@ Why: the eager step calls a few dozen modules and operators a layer from Python.
 through the caches at every token, that Python took 3-5 ms of a 20 ms fp32 token on an AMX Xeon (Inductor's compiled
 step: 2 ms), so the default load decoded 16-20% slower than ``--compile`` (``docs/benchmarks.md``). The C++ step
 calls the same kernels the model's layers chose at load (each Linear's one-row or several-row kernel, the one-query
-attention, the GELU), in the order :meth:`~aiayn.nn.blocks.TransformerLayer.forward` calls them; the token and
-position embeddings and the output projection stay the model's own modules.
+attention, the GELU), in the order :meth:`~aiayn.nn.blocks.TransformerLayer.forward` calls them. Where it knows them, the
+step also embeds the ids (the token table and learned positions: the ids go in) and applies the output projection
+(the logits come out, with their argmax for greedy's pick), since after a token's weights have streamed through the
+caches, every Python call around the step runs cold (on a Zen 4 EPYC: the embeddings and their checks 250-420 us, the
+argmax's call 70-90 us, of a 5 ms int8 token); sinusoidal positions and an output layer of another kind stay the model's own modules.
 
 It applies to a decoder-only model in eval mode on the CPU whose layers are softmax self-attention with Q/K/V fused
 at load (:mod:`aiayn.inference.fusion`, as SwiGLU's gate and up), positions added to the input (learned, sinusoidal or none)

@@ -130,7 +130,7 @@ def remember_argmax(scores: Tensor, best: Tensor) -> None:
 def argmax_last(scores: Tensor) -> Tensor:
     """``scores.argmax(dim=-1)``: the index of the largest of ``scores (B, V)`` in each row ``(B,)``, the first on ties
     (NaN counts as largest). On the CPU, through our two-pass kernel where the native library is loaded (after a token's
-    weights have streamed through the caches, torch's reduction took 95-180 us of a token, ours about ten:
+    weights have streamed through the caches, torch's reduction took 106-182 us of a token on a Zen 4 EPYC, ours 14:
     ``aiayn/inference/argmax.cpp``), else through ``max``, which takes a quarter to half of argmax's time
     over a 50257-word vocabulary (fp32 26 against 73 us, bf16 41 against 184 us, on an AMX Xeon; docs/benchmarks.md)."""
     remembered = _REMEMBERED

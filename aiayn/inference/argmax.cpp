@@ -2,8 +2,9 @@
 // NaN counting as the largest), over fp32 or bf16 rows (aiayn/decoding/sampling.py calls it where the library is loaded).
 //
 // Why: after a token's weights have streamed through the caches, torch's reduction (its dispatch and TensorIterator
-// code, evicted) took 95-180 us for one row of 50257 logits, where these two passes over the row (its largest value, then where it first is) take about ten hot (twenty after the
-// output projection, split over the threads that wrote the logits).
+// code, evicted) took 106-182 us for one row of 50257 logits on a Zen 4 EPYC (47-78 us hot), where these two passes over
+// the row (its largest value, then where it first is) take 5 us hot and 14 us in decoding (docs/benchmarks.md). The C++
+// decoding step calls it on the logits it returns (aiayn/inference/decode_step.cpp), each thread on the part its core wrote.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
