@@ -38,7 +38,7 @@ from aiayn.nn.blocks import TransformerLayer
 from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
 from aiayn.nn.embedding import TokenEmbedding
 from aiayn.nn.feedforward import native_gelu_tanh
-from aiayn.nn.positional import LearnedPositions, RotaryPositions
+from aiayn.nn.positional import LearnedPositions, NoPositions, RotaryPositions
 
 __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_step", "native_step_blocker"]
 
@@ -249,11 +249,11 @@ def _embeddings(plan: _Plan, model: DecoderOnly) -> None:
     step takes token ids, and a token's Python before the layers is one call), else a 0: the model's modules embed.
     Sinusoidal positions stay in Python (their table grows on demand)."""
     embed, positions = model.embed, model.positions
-    if type(embed) is not TokenEmbedding or positions.kind not in ("learned", "none", "rotary"):
+    if type(embed) is not TokenEmbedding or type(positions) not in (LearnedPositions, NoPositions, RotaryPositions):
         plan.ints.append(0)
         return
     plan.ints.append(1)
-    table: Tensor | None = positions.weight if isinstance(positions, LearnedPositions) else None
+    table: Tensor | None = positions.weight if isinstance(positions, LearnedPositions) else None  # rotary: added to q, k
     plan.tensors += [embed.weight, table]
     plan.floats.append(float(embed.scale))
 
