@@ -319,7 +319,7 @@ class DecodeStep : public torch::CustomClassHolder {
   at::Tensor embed(const at::Tensor& input, const std::optional<at::Tensor>& offset) const {
     if (!offset.has_value()) return input;  // x, embedded by the caller (any plan takes it)
     TORCH_CHECK(embed_.has_value(), "aiayn_native::DecodeStep: this plan takes x after the embeddings, not ids and offsets");
-    TORCH_CHECK(input.scalar_type() == at::kLong && input.dim() == 2 && input.is_contiguous() && offset.has_value() &&
+    TORCH_CHECK(input.scalar_type() == at::kLong && input.dim() == 2 && input.is_contiguous() &&
                 offset->scalar_type() == at::kLong && offset->dim() == 1 && offset->is_contiguous() &&
                 (offset->size(0) == 1 || offset->size(0) == input.size(0)), "aiayn_native::DecodeStep: ids (B, T) long and offset ",
                 "(B or 1,) long, got ", input.scalar_type(), " ", input.sizes(), " and ", offset->scalar_type(), " ", offset->sizes());
