@@ -38,7 +38,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SPECULATIVE_MODES = ("prompt-lookup", "draft")
-DEFAULT_DRAFT_TOKENS = 4
+DEFAULT_DRAFT_TOKENS = 10  # the most; a run asks for fewer after a rejected draft (see SpeculativeDecoder)
 DEFAULT_NGRAM = 3
 
 
@@ -58,13 +58,18 @@ def accept_or_resample(p: Tensor, q: Tensor, draft: Tensor, generator: torch.Gen
 
 def lookup_continuation(history: list[int], ngram: int, count: int) -> list[int]:
     """Prompt lookup: the ``count`` tokens after the last earlier occurrence of the final n-gram of ``history``,
-    trying ``n = ngram, ngram - 1, ..., 1``; ``[]`` when no suffix occurred before."""
+    trying ``n = ngram, ngram - 1, ..., 1``; ``[]`` when no suffix occurred before. Where the copy runs past the
+    end of ``history`` (the occurrence is fewer than ``count`` tokens back) it goes on copying its own drafts:
+    text that repeats with that period is guessed to keep repeating, as a loop of greedy decoding does."""
     length = len(history)
     for n in range(min(ngram, length - 1), 0, -1):
         suffix = history[length - n :]
         for start in range(length - n - 1, -1, -1):  # the last occurrence first: the most recent copy
             if history[start : start + n] == suffix:
-                return history[start + n : start + n + count]
+                drafts = history[start + n : start + n + count]
+                while len(drafts) < count:  # start + n + i >= length: the token i - period places back
+                    drafts.append(drafts[start + n + len(drafts) - length])
+                return drafts
     return []
 
 
@@ -165,10 +170,13 @@ class SpeculativeState(DecodeState):
     """The sequence as emitted (``tokens``, ``mask``) over the target's own state ``inner``, which runs ahead by
     the drafts still unconfirmed (``checked``); ``run``: the drafter's per-run state; ``prefix``: prompt columns;
     ``config``/``generator``: the run's settings, recorded by :meth:`SpeculativeDecoder.choose` (``None``: greedy drafts);
-    ``plain``: decode without drafts (the run outgrows learned positions)."""
+    ``plain``: decode without drafts (the run outgrows learned positions); ``draft_length``: the drafts asked
+    for next (see :meth:`SpeculativeDecoder.step`); ``drafted``: how many the last forward checked."""
 
     inner: DecodeState | None = None
     checked: list[_Checked] = field(default_factory=list)
+    draft_length: int = 1
+    drafted: int = 0
     run: object = None
     prefix: int = 0
     config: GenerationConfig | None = None
@@ -180,7 +188,9 @@ class SpeculativeDecoder:
     """Decode one sequence speculatively: ``SpeculativeDecoder(model, mode="prompt-lookup" | "draft", ...)``.
 
     ``target``: a generative model, or its :class:`CausalLMDecoder` / :class:`Seq2SeqDecoder` with a cache
-    (``static_cache=True`` works). ``draft_tokens``: K, the most draft tokens checked per target forward.
+    (``static_cache=True`` works). ``draft_tokens``: K, the most draft tokens checked per target forward; a run
+    starts at K, asks for one fewer after a rejected draft and two more (up to K) after a forward whose drafts
+    were all accepted (Hugging Face's "heuristic" schedule), so a wrong guess wastes ever smaller forwards.
     ``ngram``: prompt lookup's longest n-gram. ``draft_model``: mode ``"draft"``'s smaller model.
     Raises ``ValueError`` for an unknown mode, K < 1, a draft model with another vocabulary, or a model
     whose cache cannot roll back (``attention='local'``/``'linear'``, ``mixer='ssm'``) or whose rows are not computed
@@ -241,6 +251,7 @@ class SpeculativeDecoder:
             tokens=inner.tokens, mask=inner.mask, max_new_tokens=inner.max_new_tokens, pads=inner.pads,
             inner=inner, run=self.drafter.start(ids, mask, max_new_tokens), prefix=inner.tokens.shape[1],
             plain=isinstance(self.target, CausalLMDecoder) and not _fits(self.target.model, ids, max_new_tokens),
+            draft_length=self.draft_tokens,
         )
         if state.plain:
             log.info("speculative decoding: prompt + max_new_tokens outgrow learned positions; decoding this run plainly")
@@ -279,17 +290,21 @@ class SpeculativeDecoder:
             return state.checked.pop(0).logits
         inner = state.inner
         inner.crop(state.tokens.shape[1] - 1)  # forget the drafts not taken
+        if state.drafted:  # a draft still unconfirmed was rejected: ask for fewer; none left: all accepted, ask for more
+            shorter, longer = max(1, state.draft_length - 1), min(self.draft_tokens, state.draft_length + 2)
+            state.draft_length = shorter if state.checked else longer
         state.checked = []
         remaining = int(state.max_new_tokens[0]) - (state.tokens.shape[1] - state.prefix)  # tokens still to emit
         drafts: list[int] = []
         probs: list[Tensor | None] = []
         if remaining > 0:
             sequence = state.tokens[0][state.mask[0]]
-            drafts, probs = self.drafter.propose(sequence, min(self.draft_tokens, remaining), state.run, state.config, state.generator)
+            drafts, probs = self.drafter.propose(sequence, min(state.draft_length, remaining), state.run, state.config, state.generator)
         fed = torch.tensor([[token, *drafts]], dtype=torch.long, device=inner.tokens.device)
         logits = self.target.extend(fed, inner)  # (1, 1 + len(drafts), V)
         self.forwards += 1
         self.drafted += len(drafts)
+        state.drafted = len(drafts)
         state.checked = [_Checked(d, q, logits[:, i + 1]) for i, (d, q) in enumerate(zip(drafts, probs))]
         return logits[:, 0]
 

@@ -132,8 +132,36 @@ def test_sampling_with_a_draft_model_runs_the_rule():
 def test_lookup_takes_the_last_earlier_occurrence():
     history = [1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3]
     assert lookup_continuation(history, 3, 2) == [7, 8]  # Hugging Face's first occurrence would give [9, 1]
-    assert lookup_continuation([5, 6, 4, 6], 3, 4) == [4, 6]  # falls back to the 1-gram [6]
+    assert lookup_continuation([5, 6, 4, 6], 3, 4) == [4, 6, 4, 6]  # the 1-gram [6], then copied on with period 2
+    assert lookup_continuation([7, 7, 7], 3, 3) == [7, 7, 7]  # a loop of period 1 drafts as many as asked
     assert lookup_continuation([1, 2, 3], 3, 4) == []
+
+
+class Scripted:
+    """Drafts the plain answer, wrong (each token + 1) in the rounds listed; records the counts asked for."""
+
+    def __init__(self, answer: list[int], prefix: int, wrong: set[int]) -> None:
+        self.answer, self.prefix, self.wrong, self.counts = answer, prefix, wrong, []
+
+    def start(self, ids, mask, max_new_tokens):
+        return None
+
+    def propose(self, sequence, count, run, config, generator):
+        self.counts.append(count)
+        done = len(sequence) - self.prefix
+        drafts = [t + 1 if len(self.counts) in self.wrong else t for t in self.answer[done : done + count]]
+        return drafts, [None] * len(drafts)
+
+
+def test_draft_length_shrinks_after_a_rejection_and_grows_after_a_full_acceptance():
+    model, ids = gpt("sinusoidal"), torch.tensor(random_rows([12], seed=1))  # its output takes 11 distinct tokens
+    config = GenerationConfig(max_new_tokens=40, greedy=True, eos_id=None)
+    plain = generate(model, ids, None, config).tokens
+    speculative = SpeculativeDecoder(model, draft_tokens=4)
+    speculative.drafter = drafter = Scripted(plain[0].tolist(), ids.shape[1], wrong={1, 2, 3, 4})
+    assert torch.equal(generate(speculative, ids, None, config).tokens, plain)
+    # rounds 1-4 rejected: 4, 3, 2, 1, 1; then all accepted: 3, 4, 4, ... (K = 4 at most)
+    assert drafter.counts[:8] == [4, 3, 2, 1, 1, 3, 4, 4]
 
 
 def test_cache_crop():
