@@ -38,6 +38,7 @@ from aiayn.nn.blocks import TransformerLayer
 from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
 from aiayn.nn.embedding import TokenEmbedding
 from aiayn.nn.feedforward import native_gelu_tanh
+from aiayn.nn.norm import NativeLayerNorm, NativeRMSNorm
 from aiayn.nn.positional import LearnedPositions, NoPositions, RotaryPositions
 
 __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_step", "native_step_blocker"]
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 # The numbers decode_step.cpp reads (its enums of the same names).
 LINEAR_KINDS = {"plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int8": 5, "few": 6}
-NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1}
+NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1, NativeLayerNorm: 2, NativeRMSNorm: 3}
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_tanh-native": 3, "silu": 4, "swiglu": 5, "relu2": 6}
 ATTENTION = {"native": 0, "sdpa": 1, "math": 2}
 POSITIONS = ("learned", "sinusoidal", "none", "rotary")  # added to the input, or rotating queries and keys (the step rotates)
@@ -60,9 +61,17 @@ class _Plan:
         self.ints: list[int] = []
         self.floats: list[float] = []
 
-    def norm(self, norm: Any) -> None:  # an nn.LayerNorm or nn.RMSNorm
+    def norm(self, norm: Any, dtype: torch.dtype) -> None:
+        """An nn.LayerNorm or nn.RMSNorm (torch's kernels), or their Native forms (ours, as their forward takes it for
+        inputs of ``dtype``, the model's: its weight's dtype; RMSNorm's default eps resolved as the forward does)."""
+        kind = NORMS[type(norm)]
+        native = kind >= NORMS[NativeLayerNorm] and dtype in gemv.DTYPES and (norm.weight is None or norm.weight.dtype == dtype)
+        if kind >= NORMS[NativeLayerNorm] and not native:
+            kind -= 2  # the forward falls back to torch's for another dtype
         eps = norm.eps if isinstance(norm, nn.LayerNorm) else (-1.0 if norm.eps is None else norm.eps)
-        self.ints.append(NORMS[type(norm)])
+        if native and eps < 0:
+            eps = torch.finfo(dtype).eps
+        self.ints.append(kind)
         self.floats.append(float(eps))
         self.tensors += [norm.weight, getattr(norm, "bias", None)]
 
@@ -211,11 +220,11 @@ def build_plan(model: DecoderOnly, one_row: bool) -> Any:
     for layer in layers:
         attention: Any = layer.self_attn
         ffn = layer.ffn
-        plan.norm(layer.self_attn_norm)
-        plan.norm(layer.ffn_norm)
+        plan.norm(layer.self_attn_norm, dtype)
+        plan.norm(layer.ffn_norm, dtype)
         if attention.qk_norm:
-            plan.norm(attention.q_norm)
-            plan.norm(attention.k_norm)
+            plan.norm(attention.q_norm, dtype)
+            plan.norm(attention.k_norm, dtype)
         _linear(plan, attention.w_qkv, one_row, dtype)
         _linear(plan, attention.w_o, one_row, dtype)
         _linear(plan, ffn.w_gate_up if ffn.activation == "swiglu" else ffn.w_1, one_row, dtype)
@@ -223,7 +232,7 @@ def build_plan(model: DecoderOnly, one_row: bool) -> Any:
         plan.ints += [ACTIVATIONS[_activation(ffn.activation, dtype)], ATTENTION[_attention(attention, dtype, 1)],
                       ATTENTION[_attention(attention, dtype, 2)]]  # one query a row; several
     if stack.norm is not None:
-        plan.norm(stack.norm)
+        plan.norm(stack.norm, dtype)
     _output(plan, model.output, one_row, dtype)
     _embeddings(plan, model)
     return torch.classes.aiayn_native.DecodeStep(plan.tensors, plan.ints, plan.floats)

@@ -32,7 +32,7 @@ using Tensors = std::vector<std::optional<at::Tensor>>;
 
 // How one Linear layer computes one row (aiayn/decoding/native_step.py: LINEAR_KINDS).
 enum LinearKind : int64_t { kPlain = 1, kGemv = 2, kPacked = 3, kInt4 = 4, kInt8 = 5, kFew = 6 };
-enum NormKind : int64_t { kLayerNorm = 0, kRMSNorm = 1 };
+enum NormKind : int64_t { kLayerNorm = 0, kRMSNorm = 1, kNativeLayerNorm = 2, kNativeRMSNorm = 3 };  // torch's; ours (norm.cpp)
 enum Activation : int64_t { kRelu = 0, kGelu = 1, kGeluTanh = 2, kGeluTanhNative = 3, kSilu = 4, kSwiGLU = 5, kRelu2 = 6 };
 enum Attention : int64_t { kNative = 0, kSdpa = 1, kMath = 2 };
 
@@ -83,6 +83,12 @@ struct Linear {
   }
 };
 
+using NormFn = at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool);
+const c10::TypedOperatorHandle<NormFn>& norm_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aiayn_native::norm", "").typed<NormFn>();
+  return op;
+}
+
 struct Norm {
   int64_t kind = kLayerNorm;
   double eps = 1e-5;  // < 0: RMSNorm's default (the dtype's machine epsilon)
@@ -99,6 +105,7 @@ struct Norm {
 
   at::Tensor operator()(const at::Tensor& x) const {
     const int64_t d = x.size(-1);
+    if (kind == kNativeLayerNorm || kind == kNativeRMSNorm) return norm_op().call(x, weight, bias, eps, kind == kNativeRMSNorm);
     if (kind == kRMSNorm) return at::rms_norm(x, {d}, weight, eps < 0 ? std::nullopt : std::optional<double>(eps));
     return std::get<0>(at::native_layer_norm(x, {d}, weight, bias, eps));  // what at::layer_norm calls
   }

@@ -47,7 +47,7 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "argmax_last", "attend_one", "available", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int4", "gemv_int8", "loaded",
+__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "argmax_last", "attend_one", "available", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int4", "gemv_int8", "loaded", "norm",
            "gemv_linear", "may_run", "quantized_kernel", "tiles_available", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ SOURCE = Path(__file__).with_name("gemv.cpp")
 # small-matrix kernel), transposes written out and master-weight optimizer step.
 SOURCES = (SOURCE, SOURCE.with_name("gemv_int4.cpp"), SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
            SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("attention_tiles.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("transpose.cpp"),
-           SOURCE.with_name("adamw.cpp"), SOURCE.with_name("argmax.cpp"))
+           SOURCE.with_name("adamw.cpp"), SOURCE.with_name("argmax.cpp"), SOURCE.with_name("norm.cpp"))
 HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("gemv_int4.h"), SOURCE.with_name("attention_tiles.h"))
 BUILD_TIMEOUT_S = 600
 
@@ -170,6 +170,12 @@ def argmax_last(scores: Tensor) -> Tensor:
     return torch.ops.aiayn_native.argmax_last(scores)
 
 
+def norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, rms: bool) -> Tensor:
+    """LayerNorm (``rms=False``) or RMSNorm of an fp32 or bf16 CPU tensor over its last dimension, in fp32, each row
+    alike whatever the rows around it (``norm.cpp``; inference only: no gradient; call only where :func:`available`)."""
+    return torch.ops.aiayn_native.norm(x, weight, bias, eps, rms)
+
+
 def loaded() -> bool:
     """Whether the library is already loaded in this process: never builds it, for callers that must not wait on a build
     (greedy's pick takes torch's kernel until something else has loaded it)."""
@@ -218,6 +224,7 @@ def _load() -> str | None:
     torch.library.register_fake("aiayn_native::gemv")(_fake)
     torch.library.register_fake("aiayn_native::attend_one")(_fake_attend)
     torch.library.register_fake("aiayn_native::gelu_tanh")(lambda x: torch.empty_like(x))
+    torch.library.register_fake("aiayn_native::norm")(lambda x, weight, bias, eps, rms: torch.empty_like(x))
     torch.library.register_fake("aiayn_native::argmax_last")(lambda scores: scores.new_empty(scores.shape[:1], dtype=torch.long))
     torch.library.register_fake("aiayn_native::gelu_tanh_backward")(lambda grad, x: torch.empty_like(x))
     torch.library.register_fake("aiayn_native::cross_entropy_rows")(_fake_cross_entropy)

@@ -70,7 +70,7 @@ from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
 __all__ = [
-    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_native", "choose_huge_pages", "huge_page_kernels", "ENV_VAR", "WEIGHT_ONLY_KERNELS", "WEIGHT_ONLY_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "many_row_kernels",
+    "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NORM_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_norm", "choose_native", "choose_huge_pages", "huge_page_kernels", "ENV_VAR", "WEIGHT_ONLY_KERNELS", "WEIGHT_ONLY_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "many_row_kernels",
     "ROW_SPLITS", "TRAINING_ATTENTION", "TRAINING_ATTENTION_ENV_VAR", "attention_mode", "choose_training_attention", "training_attention_candidates", "cache_path", "choose_attention", "choose_row_splits", "choose_int4_kernels", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
     "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
@@ -514,10 +514,12 @@ def _time_huge_pages(rounds: int = 5) -> dict[str, float] | None:
 
 ACTIVATION_ENV_VAR = "AIAYN_ACTIVATION_KERNEL"
 LOSS_ENV_VAR = "AIAYN_LOSS_KERNEL"
+NORM_ENV_VAR = "AIAYN_NORM_KERNEL"
 NATIVE_OPS = ("torch", "native")  # each operator below: torch's kernels, or ours (aiayn.inference.gemv)
 ACTIVATION = NATIVE_OPS  # GPT-2's tanh-approximated GELU (aiayn.inference.gemv.gelu_tanh)
 ACTIVATION_ELEMENTS = 1 << 20  # elements the activation is timed on: a (1024, 1024) block of a batch's hidden units
 LOSS_ROWS, LOSS_VOCAB = 32, 32768  # the cross-entropy is timed on 2^20 logits: rows of a large vocabulary, as GPT-2's
+NORM_ROWS, NORM_WIDTH = 4, 768  # the inference norms are timed on a few rows of GPT-2 small's width, as decoding calls them
 
 
 class NativeOp(NamedTuple):
@@ -527,11 +529,13 @@ class NativeOp(NamedTuple):
     env: str
     what: str
     timer: str  # the name of this module's timing function (looked up at the call: tests replace it)
+    timed: str = "forward and backward"  # what the timer times, in words
 
 
 OPERATORS = {
     "gelu_tanh": NativeOp(ACTIVATION_ENV_VAR, "GELU kernel", "_time_gelu_tanh"),
     "cross_entropy": NativeOp(LOSS_ENV_VAR, "cross-entropy kernel", "_time_cross_entropy"),
+    "norm": NativeOp(NORM_ENV_VAR, "norm kernel", "_time_norm", "LayerNorm and RMSNorm forwards, inference only"),
 }
 _NATIVE_CHOSEN: dict[tuple[str, torch.dtype], str] = {}  # this process's answers, so that a forward reads a dict
 
@@ -551,7 +555,7 @@ def choose_native(op: str, dtype: torch.dtype) -> str:
         def timed(dt: torch.dtype) -> tuple[str, str]:
             times = globals()[spec.timer](dt)
             best = min(NATIVE_OPS, key=lambda name: times[name])
-            return best, ", ".join(f"{name} {times[name]:.3f}" for name in NATIVE_OPS) + f" ms (forward and backward) -> {best}"
+            return best, ", ".join(f"{name} {times[name]:.3f}" for name in NATIVE_OPS) + f" ms ({spec.timed}) -> {best}"
 
         (choice,) = _cached([f"{op} {str(dtype).removeprefix('torch.')} ({'/'.join(NATIVE_OPS)})"], [dtype], NATIVE_OPS, timed,
                             spec.what, spec.env)
@@ -570,6 +574,36 @@ def adopt_native(op: str, dtype: torch.dtype, choice: str) -> None:
 def choose_gelu_tanh(dtype: torch.dtype) -> str:
     """:func:`choose_native` for GPT-2's GELU: torch's took 4.4x its exact GELU's time on an AMX Xeon."""
     return choose_native("gelu_tanh", dtype)
+
+
+def choose_norm(dtype: torch.dtype) -> str:
+    """:func:`choose_native` for inference's LayerNorm and RMSNorm (:func:`aiayn.nn.norm.use_native_norms`): torch's
+    composite RMSNorm took 38 us a call in decoding a small model on a Zen 4 EPYC, 45% of its step."""
+    return choose_native("norm", dtype)
+
+
+def _time_norm(dtype: torch.dtype, rounds: int = 5) -> dict[str, float]:
+    """Milliseconds of a LayerNorm and an RMSNorm of :data:`NORM_ROWS` rows of :data:`NORM_WIDTH` by each of
+    :data:`NATIVE_OPS` (a call is mostly its overhead at these sizes, as in decoding): the fastest of ``rounds``
+    interleaved rounds of 64 calls each, after a warm-up round."""
+    from aiayn.inference.gemv import norm
+
+    x = torch.randn(NORM_ROWS, NORM_WIDTH).to(dtype)
+    weight, bias = torch.randn(NORM_WIDTH).to(dtype), torch.randn(NORM_WIDTH).to(dtype)
+    calls = 64
+
+    def torch_norms() -> None:
+        for _ in range(calls):
+            F.layer_norm(x, (NORM_WIDTH,), weight, bias, 1e-5)
+            F.rms_norm(x, (NORM_WIDTH,), weight, 1e-5)
+
+    def native_norms() -> None:
+        for _ in range(calls):
+            norm(x, weight, bias, 1e-5, False)
+            norm(x, weight, None, 1e-5, True)
+
+    with torch.no_grad():
+        return _fastest_rounds({"torch": torch_norms, "native": native_norms}, rounds, per=calls)
 
 
 def _time_gelu_tanh(dtype: torch.dtype, rounds: int = 5) -> dict[str, float]:

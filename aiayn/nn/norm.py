@@ -1,10 +1,18 @@
-"""Normalisation layers: LayerNorm (Ba et al., 2016; the paper) and RMSNorm (Zhang & Sennrich, 2019)."""
+"""Normalisation layers: LayerNorm (Ba et al., 2016; the paper) and RMSNorm (Zhang & Sennrich, 2019).
+
+Models are built with torch's modules. At load for inference, :func:`use_native_norms` gives them our kernel's
+forward (:class:`NativeLayerNorm`, :class:`NativeRMSNorm`: the same parameters and keys) where it was timed faster
+here; the C++ decoding step calls the same kernel for them, so its logits stay the eager ones bit for bit.
+"""
 
 from __future__ import annotations
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-__all__ = ["build_norm", "NORMS"]
+from aiayn.inference import gemv, kernel_choice
+
+__all__ = ["build_norm", "NORMS", "NativeLayerNorm", "NativeRMSNorm", "use_native_norms"]
 
 NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
 
@@ -19,3 +27,53 @@ def build_norm(kind: str, d_model: int, *, eps: float = 1e-5, bias: bool = True)
     if kind == "rmsnorm":
         return nn.RMSNorm(d_model, eps=eps)
     raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
+
+
+def _native(x: Tensor, weight: Tensor | None) -> bool:
+    """Whether this call takes our kernel: an fp32 or bf16 CPU tensor of the weight's dtype, eagerly, with no gradient
+    wanted (the kernel has none: training keeps torch's)."""
+    return (x.device.type == "cpu" and x.dtype in gemv.DTYPES and (weight is None or weight.dtype == x.dtype)
+            and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)))
+            and not torch.compiler.is_compiling())
+
+
+class NativeLayerNorm(nn.LayerNorm):
+    """:class:`torch.nn.LayerNorm` computed by ``aiayn_native::norm`` where :func:`_native` allows, else by torch."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if len(self.normalized_shape) != 1 or not _native(x, self.weight):
+            return super().forward(x)
+        return gemv.norm(x, self.weight, self.bias, self.eps, False)
+
+
+class NativeRMSNorm(nn.RMSNorm):
+    """:class:`torch.nn.RMSNorm` computed by ``aiayn_native::norm`` where :func:`_native` allows, else by torch."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if len(self.normalized_shape) != 1 or not _native(x, self.weight):
+            return super().forward(x)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # torch's default
+        return gemv.norm(x, self.weight, None, eps, True)
+
+
+_NATIVE = {nn.LayerNorm: NativeLayerNorm, nn.RMSNorm: NativeRMSNorm}
+
+
+def use_native_norms(model: nn.Module) -> int:
+    """Give ``model``'s LayerNorm and RMSNorm modules over one dimension our kernel's forward, in place (their class
+    changes, their parameters and keys stay), where :func:`~aiayn.inference.kernel_choice.choose_norm` timed it faster
+    here for their dtype (``$AIAYN_NORM_KERNEL``: ``measure``, ``torch`` or ``native``); returns how many changed. The
+    CPU only."""
+    changed = 0
+    for module in model.modules():
+        native = _NATIVE.get(type(module))
+        if native is None or len(module.normalized_shape) != 1:  # type: ignore[arg-type]
+            continue
+        weight = getattr(module, "weight", None)
+        dtype = weight.dtype if weight is not None else torch.float32
+        if (weight is not None and weight.device.type != "cpu") or dtype not in gemv.DTYPES:
+            continue
+        if kernel_choice.choose_norm(dtype) == "native":
+            module.__class__ = native
+            changed += 1
+    return changed

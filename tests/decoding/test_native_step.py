@@ -13,6 +13,7 @@ from aiayn.inference.int4 import Int4Linear
 from aiayn.inference.precision import PackedLinear
 from aiayn.inference.quantization import Int8Linear
 from aiayn.nn import attention
+from aiayn.nn.norm import NativeLayerNorm, NativeRMSNorm
 from aiayn.pretrained import prepare_for_inference
 
 FEED = torch.tensor([[7, 8, 9], [10, 11, 12], [13, 14, 15], [16, 17, 18]])  # (STEPS, B): tokens fed after the prefill
@@ -80,6 +81,20 @@ def test_other_layer_kinds_give_the_eager_logits(native_gemv, monkeypatch, overr
     model = _loaded(**overrides)
     monkeypatch.setitem(attention.ONE_QUERY, (torch.float32, 4, 8), backend)
     _assert_same_logits(model, tolerance=1e-6)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "native"])
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("overrides", [
+    {"bias": False},  # LayerNorm without its additive term
+    {"activation": "relu2", "norm": "rmsnorm", "qk_norm": True, "positions": "rotary"},  # RMSNorm, and per head (QK norm)
+])
+def test_either_norm_kernel_gives_the_eager_logits(native_gemv, monkeypatch, kernel, dtype, overrides):
+    monkeypatch.setattr(kernel_choice, "_NATIVE_CHOSEN", {("norm", torch.float32): kernel, ("norm", torch.bfloat16): kernel})
+    model = _loaded(dtype, **overrides)
+    natives = sum(isinstance(m, (NativeLayerNorm, NativeRMSNorm)) for m in model.modules())
+    assert natives == (0 if kernel == "torch" else 2 * 2 + 1 + 2 * 2 * int("qk_norm" in overrides))  # 2 layers, final norm
+    _assert_same_logits(model)
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])

@@ -3,11 +3,10 @@
 rounding (tails off the vector width, large arguments, zeros), bf16 rounded as torch rounds; chosen by timing, cached,
 overridden; torch's kernel in a graph being compiled."""
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
+from choice_helpers import assert_choice_cached
 
 from aiayn.inference import kernel_choice
 from aiayn.nn import feedforward
@@ -15,13 +14,6 @@ from aiayn.nn import feedforward
 TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)  # a quiet machine (the other test worker is not)
-    monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "measure")
-    monkeypatch.setattr(kernel_choice, "_NATIVE_CHOSEN", {})  # this process's answers, empty for the test
-    return tmp_path / "aiayn" / "kernels.json"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -56,19 +48,11 @@ def test_the_layer_takes_the_faster_kernel_cached_and_the_override(native_gemv, 
     with torch.no_grad():  # no gradient to keep: the kernel alone, not autograd's Function around it
         y = feedforward.gelu_tanh(x)
     assert calls == [(4, 8), (4, 8)] and y.grad_fn is None and torch.equal(y, native(x.detach()))
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {"gelu_tanh float32 (torch/native)": "native"}
-    kernel_choice._NATIVE_CHOSEN.clear()
-    monkeypatch.setattr(kernel_choice, "_time_gelu_tanh", lambda dtype: pytest.fail("timed a dtype the cache decides"))
-    assert kernel_choice.choose_gelu_tanh(torch.float32) == "native"
-    kernel_choice._NATIVE_CHOSEN.clear()
+    assert_choice_cached(monkeypatch, cache, "gelu_tanh", kernel_choice.choose_gelu_tanh)
     monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "torch")
     calls.clear()
     feedforward.gelu_tanh(x)
     assert calls == []
-    kernel_choice._NATIVE_CHOSEN.clear()
-    monkeypatch.setenv(kernel_choice.ACTIVATION_ENV_VAR, "fast")
-    with pytest.raises(ValueError, match=r"\$AIAYN_ACTIVATION_KERNEL must be one of measure, torch, native, got 'fast'"):
-        kernel_choice.choose_gelu_tanh(torch.float32)
 
 
 def test_without_our_library_torchs_kernel_runs_and_native_is_refused(cache, monkeypatch):

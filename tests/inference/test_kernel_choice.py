@@ -229,7 +229,7 @@ def test_an_encoder_is_timed_at_its_many_rows(cache, monkeypatch):
     from aiayn import build_model
 
     seen = set()
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: seen.add(rows) or {n: 1.0 for n in names})
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: seen.add(rows) or dict.fromkeys(names, 1.0))
     pack_linears(build_model("tiny-encoder-only"))
     assert seen == {1, 64}
     seen.clear()
