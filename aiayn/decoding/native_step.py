@@ -33,7 +33,7 @@ from aiayn.decoding.sampling import remember_argmax
 from aiayn.inference import gemv
 from aiayn.models.common import check_token_ids
 from aiayn.models.decoder_only import DecoderOnly
-from aiayn.nn.attention import _native_fits, resolve_backend
+from aiayn.nn.attention import FEW_QUERIES, _native_fits, resolve_backend
 from aiayn.nn.blocks import TransformerLayer
 from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
 from aiayn.nn.embedding import TokenEmbedding
@@ -216,7 +216,7 @@ def build_plan(model: DecoderOnly, one_row: bool) -> Any:
     dtype = model.embed.weight.dtype
     plan = _Plan()
     plan.ints += [first.n_heads, first.n_kv_heads, first.head_dim, int(layers[0].pre_norm), int(stack.norm is not None),
-                  int(model.positions.kind == "rotary"), int(first.qk_norm), len(layers)]
+                  int(model.positions.kind == "rotary"), int(first.qk_norm), len(layers), FEW_QUERIES]
     for layer in layers:
         attention: Any = layer.self_attn
         ffn = layer.ffn
@@ -278,8 +278,8 @@ def _attention(attention: Any, dtype: torch.dtype, queries: int) -> str:
     (else torch's, as :func:`~aiayn.nn.attention.scaled_dot_product_attention` falls back)."""
     q = torch.empty(1, attention.n_heads, queries, attention.head_dim, dtype=dtype)
     k = torch.empty(1, attention.n_kv_heads, queries, attention.head_dim, dtype=dtype)
-    backend = resolve_backend(attention.backend, q, queries)
-    return "sdpa" if backend == "native" and not _native_fits(q, k, k, None, None, 0.0) else backend
+    backend = resolve_backend(attention.backend, q, queries, causal=True)
+    return "sdpa" if backend == "native" and not _native_fits(q, k, k, None, None, 0.0, causal=True) else backend
 
 
 def _linear(plan: _Plan, module: Any, one_row: bool, dtype: torch.dtype) -> None:

@@ -114,12 +114,12 @@ struct Norm {
 struct Layer {
   Norm attention_norm, ffn_norm, q_norm, k_norm;  // q_norm, k_norm: each head's RMSNorm with QK norm
   Linear qkv, o, up, down;  // up: w_1, or SwiGLU's w_gate and w_1 fused at load (w_gate_up)
-  int64_t activation = kRelu, attention = kSdpa, attention_many = kSdpa;  // one query's backend; several queries' (no native)
+  int64_t activation = kRelu, attention = kSdpa, attention_many = kSdpa;  // one query's backend; a few queries' (a check)
 };
 
 using GemvFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                           int64_t);
-using AttendFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double);
+using AttendFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double, bool);
 using GeluFn = at::Tensor(const at::Tensor&);
 
 const c10::TypedOperatorHandle<GemvFn>& gemv_op() {
@@ -258,6 +258,7 @@ class DecodeStep : public torch::CustomClassHolder {
     rotary_ = r.integer() != 0;
     qk_norm_ = r.integer() != 0;
     const int64_t n_layers = r.integer();
+    few_queries_ = r.integer();
     TORCH_CHECK(n_heads_ > 0 && n_kv_heads_ > 0 && n_heads_ % n_kv_heads_ == 0 && head_dim_ > 0 && n_layers >= 0,
                 "aiayn_native::DecodeStep: heads ", n_heads_, ", key/value heads ", n_kv_heads_, ", head dim ", head_dim_);
     for (int64_t i = 0; i < n_layers; ++i) {
@@ -437,7 +438,10 @@ class DecodeStep : public torch::CustomClassHolder {
       }
       std::optional<at::Tensor> mask;
       if (key_mask.has_value()) mask = key_mask->narrow(1, 0, filled).view({batch, 1, 1, filled});
-      const at::Tensor heads = attend(length == 1 ? layer.attention : layer.attention_many, q, filled_part(keys, filled),
+      // several queries: a check's few as planned; a native plan's more (a prompt) fall back to torch's, as the eager rule does
+      const int64_t many = layer.attention_many == kNative && length > few_queries_ ? kSdpa : layer.attention_many;
+      const int64_t kind = length == 1 ? layer.attention : many;
+      const at::Tensor heads = attend(kind, q, filled_part(keys, filled),
                                       filled_part(values, filled), mask, scale);
       // (B, H, T, Dh) -> (B, T, H * Dh): one view where the result is already in that order (one query, contiguous)
       const at::Tensor merged = length == 1 && heads.is_contiguous() ? heads.view({batch, 1, q_width})
@@ -461,7 +465,7 @@ class DecodeStep : public torch::CustomClassHolder {
   // lower right, and the padding mask (B, 1, 1, S) if any; through the backend `kind` (one query: the one timed at load).
   at::Tensor attend(int64_t kind, const at::Tensor& q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> mask, double scale) const {
     const int64_t length = q.size(2), keys = k.size(2);
-    if (kind == kNative) return attend_one_op().call(q, k, v, mask, scale);
+    if (kind == kNative) return attend_one_op().call(q, k, v, mask, scale, true);  // a few queries: each over its own keys
     if (n_kv_heads_ != n_heads_) {  // grouped-query attention: each key/value head serves a group of query heads
       k = k.repeat_interleave(n_heads_ / n_kv_heads_, 1);
       v = v.repeat_interleave(n_heads_ / n_kv_heads_, 1);
@@ -498,6 +502,7 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   int64_t n_heads_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
+  int64_t few_queries_ = 0;  // the most queries a row our kernel takes (a check); more (a prompt) go to torch's
   bool pre_norm_ = false, has_final_norm_ = false, rotary_ = false, qk_norm_ = false;
   std::vector<Layer> layers_;
   Norm final_norm_;

@@ -146,11 +146,12 @@ def gemv_int4(x: Tensor, codes: Tensor, scale_least: Tensor, bias: Tensor | None
     return torch.ops.aiayn_native.gemv(x, codes, scale_least, bias, prefetch)
 
 
-def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """``softmax(q k^T / sqrt(d)) v`` for one query ``q (B, H, 1, D)`` over ``k, v (B, Hkv, S, D)`` (fp32 or bf16, the last
-    dimension contiguous), ``mask`` None or bool ``(B|1, 1, 1, S)``, True = may attend; a row with every key masked gives
-    zeros (call only where :func:`available`)."""
-    return torch.ops.aiayn_native.attend_one(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]))
+def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+    """``softmax(q k^T / sqrt(d)) v`` for one query ``q (B, H, 1, D)``, or a few ``(B, H, T, D)``, over ``k, v (B, Hkv, S, D)``
+    (fp32 or bf16, the last dimension contiguous), ``mask`` None or bool ``(B|1, 1, 1, S)``, True = may attend; ``causal``:
+    query t sees the first ``S - T + t + 1`` keys only, computed as one query over those keys would be; a row with every
+    key masked gives zeros (call only where :func:`available`)."""
+    return torch.ops.aiayn_native.attend_one(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]), causal)
 
 
 def gelu_tanh(x: Tensor) -> Tensor:
@@ -250,7 +251,7 @@ def _heads_like(x: Tensor) -> Tensor:
     return x.new_empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3])).transpose(1, 2)
 
 
-def _fake_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+def _fake_attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, causal: bool = False) -> Tensor:
     return q.new_empty(q.shape)
 
 

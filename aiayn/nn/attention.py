@@ -8,8 +8,9 @@
   (flash / memory-efficient) when it can.
 * ``"auto"`` (the models' default): ``"math"`` when training in half precision on the CPU with at
   most ``AUTO_MATH_MAX_KEYS`` keys, where torch's CPU flash kernel's backward is 2-4x slower than the
-  formula (measured in ``docs/benchmarks.md``); for one query at inference on the CPU (a decoding step), the
-  backend :data:`ONE_QUERY` holds for its dtype and shape, timed at load on this machine
+  formula (measured in ``docs/benchmarks.md``); for one query at inference on the CPU (a decoding step), or a few
+  causal ones (at most :data:`FEW_QUERIES`: speculative decoding's check, which then computes each query as the step at
+  its position does), the backend :data:`ONE_QUERY` holds for its dtype and shape, timed at load on this machine
   (:func:`aiayn.inference.kernel_choice.choose_attention`: in bf16 the flash kernel took 4x the formula's time
   at 512 keys on a Zen 5 EPYC), which may also be ``"native"``, our one-query kernel built on this machine
   (:func:`aiayn.inference.gemv.attend_one`); ``"sdpa"`` everywhere else. Training on the CPU without a mask (causal or
@@ -41,9 +42,12 @@ AUTO_MATH_MAX_KEYS = 128
 # (dtype, heads, head dim) -> the backend of one query at inference on the CPU, filled at load by timing
 # (aiayn.inference.kernel_choice.choose_attention); a shape not in it takes "sdpa".
 ONE_QUERY: dict[tuple[torch.dtype, int, int], str] = {}
+# The most causal queries a row that take the one-query choice at inference (a decoding check: the rows the C++ step's
+# Linear layers take through our kernel); more (a prompt) take "sdpa".
+FEW_QUERIES = gemv.FEW_ROWS
 
-__all__ = ["scaled_dot_product_attention", "repeat_kv", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS", "ONE_QUERY",
-           "ONE_QUERY_BACKENDS"]
+__all__ = ["scaled_dot_product_attention", "repeat_kv", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS", "FEW_QUERIES",
+           "ONE_QUERY", "ONE_QUERY_BACKENDS"]
 
 
 def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
@@ -57,12 +61,12 @@ def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
     return k.repeat_interleave(heads // kv_heads, dim=1), v.repeat_interleave(heads // kv_heads, dim=1)
 
 
-def resolve_backend(backend: str, q: Tensor, k_len: int) -> str:
+def resolve_backend(backend: str, q: Tensor, k_len: int, causal: bool = False) -> str:
     """The kernel ``backend`` names; ``"auto"`` picks by device, dtype, training and length (see above)."""
     if backend != "auto":
         return backend
     training = torch.is_grad_enabled() and q.requires_grad
-    if q.device.type == "cpu" and not training and q.shape[2] == 1:  # a decoding step
+    if q.device.type == "cpu" and not training and _few_queries(q.shape[2], causal):  # a decoding step, or its check
         return ONE_QUERY.get((q.dtype, q.shape[1], q.shape[3]), "sdpa")
     half_on_cpu = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
     return "math" if half_on_cpu and training and k_len <= AUTO_MATH_MAX_KEYS else "sdpa"
@@ -106,7 +110,7 @@ def scaled_dot_product_attention(
     if causal and k_len < q_len:
         raise ValueError(f"causal attention needs at least as many keys as queries, got T={q_len}, S={k_len}")
     asked = backend
-    backend = "math" if return_weights else resolve_backend(backend, q, k_len)
+    backend = "math" if return_weights else resolve_backend(backend, q, k_len, causal)
     if (asked == "auto" and not return_weights and backend in ("sdpa", "math")
             and _native_training_fits(q, k, v, mask, bias, dropout_p, causal)):
         # training without a mask on the CPU: the rule's kernel or ours, whichever was timed faster at this shape
@@ -114,8 +118,8 @@ def scaled_dot_product_attention(
         if chosen in ("native", "native-tiles"):
             return NativeAttention.apply(q, k, v, causal and q_len > 1, 1.0 / math.sqrt(q.shape[-1]), chosen == "native-tiles"), None
     if backend == "native":
-        if _native_fits(q, k, v, mask, bias, dropout_p):
-            return gemv.attend_one(q, k, v, mask), None
+        if _native_fits(q, k, v, mask, bias, dropout_p, causal):
+            return gemv.attend_one(q, k, v, mask, causal), None
         backend = "sdpa"
     if q.numel() == 0 or k_len == 0:  # nothing to attend from, or to: a defined all-zero result
         out = q.new_zeros(batch, heads, q_len, v.shape[-1])
@@ -162,13 +166,22 @@ def scaled_dot_product_attention(
     return out, weights
 
 
-def _native_fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float) -> bool:
-    """Whether one query can go through :func:`aiayn.inference.gemv.attend_one` (chosen only where the kernel loaded):
-    the CPU, no gradient asked for, fp32 or bf16, values as wide as keys, no bias or dropout, a mask over keys only
-    (``(B|1, 1, 1, S)``), the last dimension contiguous, keys to attend to, and, in a graph being compiled, a machine
-    whose graphs call our kernels (:func:`aiayn.inference.gemv.may_run`)."""
+def _few_queries(queries: int, causal: bool) -> bool:
+    """One query, or a few causal ones (at most :data:`FEW_QUERIES`, at least as many keys): what the one-query choice
+    and our kernel take."""
+    return queries == 1 or (causal and 1 < queries <= FEW_QUERIES)
+
+
+def _native_fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
+                 causal: bool = False) -> bool:
+    """Whether the queries can go through :func:`aiayn.inference.gemv.attend_one` (chosen only where the kernel loaded):
+    the CPU, one query or a few causal ones (:func:`_few_queries`, no more than the keys), no gradient asked for, fp32
+    or bf16, values as wide as keys, no bias or dropout, a mask over keys only (``(B|1, 1, 1, S)``), the last dimension
+    contiguous, keys to attend to, and, in a graph being compiled, a machine whose graphs call our kernels
+    (:func:`aiayn.inference.gemv.may_run`)."""
     return (
-        q.device.type == "cpu" and q.shape[2] == 1 and k.shape[2] > 0 and q.numel() > 0 and bias is None and dropout_p == 0.0
+        q.device.type == "cpu" and _few_queries(q.shape[2], causal) and q.shape[2] <= k.shape[2] and k.shape[2] > 0
+        and q.numel() > 0 and bias is None and dropout_p == 0.0
         and q.dtype in gemv.DTYPES and k.dtype == q.dtype and v.dtype == q.dtype and v.shape == k.shape
         and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         and (mask is None or (mask.dim() == 4 and mask.shape[0] in (1, q.shape[0]) and mask.shape[1:] == (1, 1, k.shape[2])))

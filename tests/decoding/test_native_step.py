@@ -98,6 +98,24 @@ def test_either_norm_kernel_gives_the_eager_logits(native_gemv, monkeypatch, ker
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("overrides", [{}, {"activation": "relu2", "norm": "rmsnorm", "qk_norm": True, "positions": "rotary", "n_kv_heads": 2}])
+def test_a_check_of_several_tokens_gives_the_one_token_steps_logits(native_gemv, monkeypatch, dtype, overrides):
+    """Speculative decoding's check through our kernels (a few rows of each Linear layer, the norms, a few causal
+    queries) computes each position as the one-token step there does: the same logits bit for bit, so greedy decoding
+    with drafts is plain greedy decoding by construction, not by a margin."""
+    model = _loaded(dtype, **overrides)
+    _kernels(model, "native", many="native")
+    monkeypatch.setitem(attention.ONE_QUERY, (model.embed.weight.dtype, 4, 8), "native")
+    ids, feed = torch.tensor(random_rows([5])), torch.tensor([[7, 8, 9, 10]])
+    decoder = CausalLMDecoder(model, static_cache=True)
+    state, _ = decoder.start(ids, None, max_new_tokens=8)
+    checked = decoder.extend(feed, state)  # (1, 4, V): one forward of the four tokens
+    state, _ = decoder.start(ids, None, max_new_tokens=8)
+    stepped = torch.stack([decoder.step(feed[:, i], state) for i in range(feed.shape[1])], dim=1)
+    assert torch.equal(checked, stepped)
+
+
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
 @pytest.mark.parametrize("many", ["native", "native-prefetch"])
 def test_several_rows_through_our_kernel_give_the_eager_logits(native_gemv, dtype, many):
     """Several rows through our kernel: the steps of three rows up to gemv.FEW_ROWS, the check of three tokens a row

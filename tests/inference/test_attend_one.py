@@ -32,13 +32,45 @@ def test_it_is_the_formula_for_cache_views_and_masks(native_gemv, dtype, batch, 
         torch.testing.assert_close(out.double(), reference(q, k, v, mask), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "queries", "keys"), [(4, 4, 2, 2), (8, 2, 8, 37), (3, 1, 5, 130)])
+def test_a_few_causal_queries_are_each_the_step_at_its_position(native_gemv, dtype, heads, kv_heads, queries, keys):
+    """Speculative decoding's check: query t over the first S - T + t + 1 keys, with the bits of one query over exactly
+    those keys (what the one-token step at that position computes), and the formula's result."""
+    torch.manual_seed(keys)
+    cache_k, cache_v = (torch.randn(2, kv_heads, keys + 5, 32, dtype=dtype) for _ in range(2))
+    k, v = cache_k[:, :, :keys], cache_v[:, :, :keys]
+    q = torch.randn(2, heads, queries, 32, dtype=dtype)
+    pad = torch.ones(2, 1, 1, keys, dtype=torch.bool)
+    pad[1, ..., : keys // 3] = False  # the second row left-padded
+    for mask in (None, pad):
+        out, _ = scaled_dot_product_attention(q, k, v, mask=mask, causal=True, backend="native")
+        assert out.shape == q.shape and out.dtype == dtype
+        for t in range(queries):
+            seen = keys - queries + t + 1
+            one = native_gemv.attend_one(q[:, :, t : t + 1], k[:, :, :seen], v[:, :, :seen], None if mask is None else mask[..., :seen])
+            assert torch.equal(out[:, :, t : t + 1], one)
+        torch.testing.assert_close(out.double(), scaled_dot_product_attention(q.double(), k.double(), v.double(), mask=mask, causal=True,
+                                                                            backend="math")[0], rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_more_queries_than_a_check_take_torchs_fused_kernel(native_gemv, monkeypatch):
+    from aiayn.nn.attention import FEW_QUERIES
+
+    monkeypatch.setattr(torch.ops.aiayn_native, "attend_one", lambda *a: pytest.fail("the native kernel was called"))
+    q, k = torch.randn(1, 2, FEW_QUERIES + 1, 8), torch.randn(1, 2, 20, 8)
+    native, _ = scaled_dot_product_attention(q, k, k, causal=True, backend="native")
+    assert torch.equal(native, scaled_dot_product_attention(q, k, k, causal=True, backend="sdpa")[0])
+
+
 def test_a_row_with_every_key_masked_gives_zeros(native_gemv):
+    torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 4, 5, 16), torch.randn(2, 4, 5, 16)
     mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
     mask[1] = False
     out, _ = scaled_dot_product_attention(q, k, v, mask=mask, backend="native")
     assert torch.equal(out[1], torch.zeros(4, 1, 16))
-    torch.testing.assert_close(out.double(), reference(q, k, v, mask))
+    torch.testing.assert_close(out.double(), reference(q, k, v, mask), rtol=TOLERANCE[torch.float32], atol=TOLERANCE[torch.float32])
 
 
 def test_where_it_does_not_apply_torchs_fused_kernel_answers(native_gemv, monkeypatch):
@@ -60,6 +92,8 @@ def test_the_kernel_checks_its_inputs(native_gemv):
         torch.ops.aiayn_native.attend_one(q, k.bfloat16(), k.bfloat16(), None, 1.0)
     with pytest.raises(RuntimeError, match=r"mask must be bool \(B or 1, 1, 1, S\)"):
         torch.ops.aiayn_native.attend_one(q, k, k, torch.ones(1, 1, 1, 3, dtype=torch.bool), 1.0)
+    with pytest.raises(RuntimeError, match="causal attention needs at least as many keys as queries, got T=5, S=4"):
+        torch.ops.aiayn_native.attend_one(torch.randn(1, 2, 5, 8), k, k, None, 1.0, True)
     with pytest.raises(RuntimeError, match="the last dimension must be contiguous"):
         every_other = torch.randn(1, 2, 4, 16)[..., ::2]
         torch.ops.aiayn_native.attend_one(q, every_other, every_other, None, 1.0)
