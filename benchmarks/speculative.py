@@ -10,6 +10,7 @@ the issue's target (prompt lookup >= 2x plain greedy on a prompt that repeats te
 model: ``--checkpoint DIR --prompt TEXT`` (the prompt is repeated ``--prompt-repeats`` times).
 
     python benchmarks/speculative.py --threads 2
+    python benchmarks/speculative.py --threads 2 --dtype bfloat16        # or --quantize int8 / int4
     python benchmarks/speculative.py --checkpoint runs/shakespeare/averaged --prompt "ROMEO: ..." --threads 2
 """
 
@@ -65,13 +66,13 @@ def model_and_prompt(args: argparse.Namespace) -> tuple[nn.Module, Tensor]:
         from aiayn.api import load_parts
         from aiayn.decoding.text import prompt_ids
 
-        loaded = load_parts(args.checkpoint)
+        loaded = load_parts(args.checkpoint, dtype=args.dtype, quantize=args.quantize)
         text = args.prompt or "It is a truth universally acknowledged, that a single man in possession of a good fortune "
         assert loaded.src_tokenizer is not None, f"{args.checkpoint} holds no tokenizer"
         return loaded.model.eval(), torch.tensor([prompt_ids(loaded.src_tokenizer, text * args.prompt_repeats)])
     shape = generation_bench.QUICK_GPT if args.quick else generation_bench.GPT2
     model, _ = generation_bench.gpt2_pair(shape)
-    model = prepare_for_inference(model)  # the default load (packed weights): MKL's few-row matmul costs ~K x one row here
+    model = prepare_for_inference(model, dtype=args.dtype, quantize=args.quantize)  # as aiayn.load prepares it
     g = torch.Generator().manual_seed(0)
     text = torch.randint(0, shape.vocab_size - 1, (args.text_tokens,), generator=g)
     return model, text.repeat(args.prompt_repeats)[None]
@@ -100,7 +101,8 @@ def run(args: argparse.Namespace) -> tuple[list[Row], int]:
 
 
 def report(rows: list[Row], args: argparse.Namespace, prompt_len: int) -> None:
-    print(f"# speculative decoding, {cpu_summary()}, {args.threads} threads, prompt {prompt_len} "
+    weights = args.quantize or args.dtype or "float32"
+    print(f"# speculative decoding, {cpu_summary()}, {args.threads} threads, {weights} weights, prompt {prompt_len} "
           f"tokens ({args.prompt_repeats}x a text), {args.new_tokens} greedy tokens, K={args.draft_tokens}, ngram={args.ngram}")
     base = statistics.median(rows[0].seconds)
     print("| decoder | tok/s (median) | vs plain | same tokens | acceptance | target forwards |")
@@ -125,6 +127,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--ngram", type=int, default=DEFAULT_NGRAM, help=f"prompt lookup's longest n-gram (default: {DEFAULT_NGRAM})")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timed runs of each row (default: 3)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    parser.add_argument("--dtype", default=None, help="the weights' dtype, as aiayn.load takes it (default: as stored, fp32)")
+    parser.add_argument("--quantize", default=None, help="int8 or int4 weights, as aiayn.load takes it (default: none)")
     args = parser.parse_args(argv)
     if args.quick:
         args.new_tokens, args.text_tokens, args.repeats = min(args.new_tokens, 16), min(args.text_tokens, 12), 1
