@@ -31,10 +31,11 @@ def build_norm(kind: str, d_model: int, *, eps: float = 1e-5, bias: bool = True)
 
 def _native(x: Tensor, weight: Tensor | None) -> bool:
     """Whether this call takes our kernel: an fp32 or bf16 CPU tensor of the weight's dtype, eagerly, with no gradient
-    wanted (the kernel has none: training keeps torch's)."""
+    wanted (the kernel has none: training keeps torch's), in a process that loaded the library (a model unpickled
+    elsewhere keeps torch's until something loads it; the C++ step needs it loaded)."""
     return (x.device.type == "cpu" and x.dtype in gemv.DTYPES and (weight is None or weight.dtype == x.dtype)
             and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)))
-            and not torch.compiler.is_compiling())
+            and not torch.compiler.is_compiling() and gemv.loaded())
 
 
 class NativeLayerNorm(nn.LayerNorm):
