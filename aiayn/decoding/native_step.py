@@ -38,7 +38,7 @@ from aiayn.nn.blocks import TransformerLayer
 from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
 from aiayn.nn.embedding import TokenEmbedding
 from aiayn.nn.feedforward import native_gelu_tanh
-from aiayn.nn.norm import NativeLayerNorm, NativeRMSNorm
+from aiayn.nn.norm import NativeLayerNorm, NativeRMSNorm, kernel_eps, takes_kernel
 from aiayn.nn.positional import LearnedPositions, NoPositions, RotaryPositions
 
 __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_step", "native_step_blocker"]
@@ -62,15 +62,13 @@ class _Plan:
         self.floats: list[float] = []
 
     def norm(self, norm: Any, dtype: torch.dtype) -> None:
-        """An nn.LayerNorm or nn.RMSNorm (torch's kernels), or their Native forms (ours, as their forward takes it for
-        inputs of ``dtype``, the model's: its weight's dtype; RMSNorm's default eps resolved as the forward does)."""
-        kind = NORMS[type(norm)]
-        native = kind >= NORMS[NativeLayerNorm] and dtype in gemv.DTYPES and (norm.weight is None or norm.weight.dtype == dtype)
-        if kind >= NORMS[NativeLayerNorm] and not native:
-            kind -= 2  # the forward falls back to torch's for another dtype
-        eps = norm.eps if isinstance(norm, nn.LayerNorm) else (-1.0 if norm.eps is None else norm.eps)
-        if native and eps < 0:
-            eps = torch.finfo(dtype).eps
+        """An nn.LayerNorm or nn.RMSNorm by torch's kernel, or by ours where its forward takes ours for the model's
+        inputs of ``dtype`` (:func:`~aiayn.nn.norm.takes_kernel`)."""
+        layer_norm = isinstance(norm, nn.LayerNorm)
+        if takes_kernel(norm, dtype):
+            kind, eps = NORMS[NativeLayerNorm if layer_norm else NativeRMSNorm], kernel_eps(norm, dtype)
+        else:  # torch's: RMSNorm's default eps (None) is resolved by at::rms_norm, told by -1
+            kind, eps = NORMS[nn.LayerNorm if layer_norm else nn.RMSNorm], -1.0 if norm.eps is None else norm.eps
         self.ints.append(kind)
         self.floats.append(float(eps))
         self.tensors += [norm.weight, getattr(norm, "bias", None)]

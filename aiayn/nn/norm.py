@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from aiayn.inference import gemv, kernel_choice
 
-__all__ = ["build_norm", "NORMS", "NativeLayerNorm", "NativeRMSNorm", "use_native_norms"]
+__all__ = ["build_norm", "NORMS", "NativeLayerNorm", "NativeRMSNorm", "kernel_eps", "takes_kernel", "use_native_norms"]
 
 NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
 
@@ -29,12 +29,27 @@ def build_norm(kind: str, d_model: int, *, eps: float = 1e-5, bias: bool = True)
     raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
 
 
-def _native(x: Tensor, weight: Tensor | None) -> bool:
-    """Whether this call takes our kernel: an fp32 or bf16 CPU tensor of the weight's dtype, eagerly, with no gradient
-    wanted (the kernel has none: training keeps torch's), in a process that loaded the library (a model unpickled
-    elsewhere keeps torch's until something loads it; the C++ step needs it loaded)."""
-    return (x.device.type == "cpu" and x.dtype in gemv.DTYPES and (weight is None or weight.dtype == x.dtype)
-            and not (torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)))
+def takes_kernel(norm: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether ``norm``'s forward computes inputs of ``dtype`` by our kernel when it runs eagerly, with no gradient wanted,
+    in a process that loaded the library (:func:`_native`): a Native norm over one dimension, fp32 or bf16 inputs of
+    its weight's dtype. The C++ decoding step asks the same (aiayn.decoding.native_step)."""
+    weight = getattr(norm, "weight", None)
+    return (isinstance(norm, (NativeLayerNorm, NativeRMSNorm)) and len(norm.normalized_shape) == 1
+            and dtype in gemv.DTYPES and (weight is None or weight.dtype == dtype))
+
+
+def kernel_eps(norm: nn.LayerNorm | nn.RMSNorm, dtype: torch.dtype) -> float:
+    """The eps ``norm`` adds for inputs of ``dtype``: RMSNorm's default (``None``) is the dtype's machine epsilon, as torch
+    takes it."""
+    return torch.finfo(dtype).eps if norm.eps is None else norm.eps
+
+
+def _native(norm: nn.LayerNorm | nn.RMSNorm, x: Tensor) -> bool:
+    """Whether this call takes our kernel: :func:`takes_kernel` for ``x``'s dtype, eagerly, with no gradient wanted (the
+    kernel has none: training keeps torch's), in a process that loaded the library (a model unpickled elsewhere keeps
+    torch's until something loads it; the C++ step needs it loaded)."""
+    return (x.device.type == "cpu" and takes_kernel(norm, x.dtype)
+            and not (torch.is_grad_enabled() and (x.requires_grad or (norm.weight is not None and norm.weight.requires_grad)))
             and not torch.compiler.is_compiling() and gemv.loaded())
 
 
@@ -42,7 +57,7 @@ class NativeLayerNorm(nn.LayerNorm):
     """:class:`torch.nn.LayerNorm` computed by ``aiayn_native::norm`` where :func:`_native` allows, else by torch."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if len(self.normalized_shape) != 1 or not _native(x, self.weight):
+        if not _native(self, x):
             return super().forward(x)
         return gemv.norm(x, self.weight, self.bias, self.eps, False)
 
@@ -51,10 +66,9 @@ class NativeRMSNorm(nn.RMSNorm):
     """:class:`torch.nn.RMSNorm` computed by ``aiayn_native::norm`` where :func:`_native` allows, else by torch."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if len(self.normalized_shape) != 1 or not _native(x, self.weight):
+        if not _native(self, x):
             return super().forward(x)
-        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # torch's default
-        return gemv.norm(x, self.weight, None, eps, True)
+        return gemv.norm(x, self.weight, None, kernel_eps(self, x.dtype), True)
 
 
 _NATIVE = {nn.LayerNorm: NativeLayerNorm, nn.RMSNorm: NativeRMSNorm}
