@@ -67,6 +67,44 @@ def test_rotary_per_row_offsets():
     torch.testing.assert_close(rows[1:], one)
 
 
+def _formula(rope: RotaryPositions, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (B, 1, T, Dh) written out in float64: angle_i = pos * base^(-2i/Dh), the halves repeated."""
+    angle = positions.double()[..., None] * rope.inv_freq.double()
+    return torch.cat([angle.cos()] * 2, -1)[:, None], torch.cat([angle.sin()] * 2, -1)[:, None]
+
+
+def test_rotary_angles_are_read_from_a_table_that_grows_and_equal_the_formula():
+    rope = RotaryPositions(8)
+    cos, sin = rope.angles(3, 5, torch.device("cpu"))
+    assert cos.shape == sin.shape == (1, 1, 5, 8) and cos.dtype == torch.float32
+    want = _formula(rope, torch.arange(3, 8)[None])
+    torch.testing.assert_close(cos.double(), want[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin.double(), want[1], rtol=0, atol=1e-6)
+    assert rope._table is not None and rope._table[0].shape[2] == 256  # built once, for the first 256 positions
+    far, _ = rope.angles(torch.tensor([1000]), 1, torch.device("cpu"))  # past the table: it grows, still the formula
+    assert rope._table[0].shape[2] >= 1001
+    torch.testing.assert_close(far.double(), _formula(rope, torch.tensor([[1000]]))[0], rtol=0, atol=1e-4)
+    assert "_table" not in str(rope.state_dict().keys())  # derived, never saved
+
+
+def test_rotary_table_per_row_offsets_and_padding_positions():
+    rope = RotaryPositions(4)
+    cos, sin = rope.angles(torch.tensor([-2, 5]), 3, torch.device("cpu"))  # row 0: two padding positions, then 0
+    assert cos.shape == (2, 1, 3, 4)
+    want = _formula(rope, torch.tensor([[0, 0, 0], [5, 6, 7]]))  # negative positions (masked) read position 0
+    torch.testing.assert_close(cos.double(), want[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin.double(), want[1], rtol=0, atol=1e-6)
+
+
+def test_rotary_table_is_rebuilt_when_inv_freq_changes():
+    rope = RotaryPositions(8)
+    before, _ = rope.angles(10, 1, torch.device("cpu"))
+    rope.inv_freq.mul_(2)  # in place (a load, a cast), as a model's .to() or a loaded buffer would change it
+    after, _ = rope.angles(10, 1, torch.device("cpu"))
+    torch.testing.assert_close(after.double(), _formula(rope, torch.tensor([[10]]))[0], rtol=0, atol=1e-6)
+    assert not torch.equal(before, after)
+
+
 def test_alibi_bias():
     alibi = ALiBiPositions(4)
     assert torch.allclose(alibi.slopes, torch.tensor([2**-2, 2**-4, 2**-6, 2**-8]))
