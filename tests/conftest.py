@@ -18,6 +18,7 @@ os.environ.setdefault("AIAYN_ATTENTION_KERNEL", "sdpa")  # likewise one-query at
 os.environ.setdefault("AIAYN_ACTIVATION_KERNEL", "torch")  # and GPT-2's GELU: torch's (tests/inference/test_gelu_tanh.py times ours)
 os.environ.setdefault("AIAYN_TRAINING_ATTENTION", "rule")  # and training attention: the rule's kernel (tests/nn/test_native_attention.py times ours)
 os.environ.setdefault("AIAYN_LOSS_KERNEL", "torch")  # and the loss: torch's operators (tests/training/test_chunked_cross_entropy.py times ours)
+os.environ.setdefault("AIAYN_DROPOUT_KERNEL", "torch")  # and dropout: torch's (tests/nn/test_dropout.py times ours)
 os.environ.setdefault("AIAYN_HUGE_PAGES", "off")  # and weights on 4 KiB pages, not timed (tests/inference/test_huge_pages.py places them)
 os.environ.setdefault("AIAYN_COMPILE_WRAPPER", "python")  # and a compiled step: Inductor's Python wrapper, one compile (tests/decoding/test_step_wrapper.py times both)
 

@@ -47,7 +47,7 @@ from aiayn.checkpoint.atomic_io import temporary_sibling
 from aiayn.cpu import cpu_key
 from aiayn.environment import user_cache_dir
 
-__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "argmax_last", "attend_one", "available", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int4", "gemv_int8", "loaded", "norm",
+__all__ = ["DTYPES", "FEW_ROWS", "IN_GRAPHS", "KERNELS", "NativeCall", "PREFETCH", "allow_in_graphs", "argmax_last", "attend_one", "available", "dropout", "few_rows", "gelu_tanh", "gelu_tanh_backward", "gemv_int4", "gemv_int8", "loaded", "norm",
            "gemv_linear", "may_run", "quantized_kernel", "tiles_available", "unavailable_reason", "HEADERS", "SOURCE", "SOURCES"]
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,11 @@ SOURCE = Path(__file__).with_name("gemv.cpp")
 # The library's sources, built together into one operator library: the matrix-vector product, one query's attention,
 # GPT-2's GELU, the vector pieces they share (a header), the one-token decoding step that calls them
 # (aiayn.decoding.native_step), greedy's pick (argmax), and training's loss, attention (our loops, and oneDNN's
-# small-matrix kernel), transposes written out and master-weight optimizer step.
+# small-matrix kernel), transposes written out, master-weight optimizer step, and dropout.
 SOURCES = (SOURCE, SOURCE.with_name("gemv_int4.cpp"), SOURCE.with_name("attend_one.cpp"), SOURCE.with_name("gelu_tanh.cpp"), SOURCE.with_name("cross_entropy.cpp"),
            SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("attention_tiles.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("transpose.cpp"),
-           SOURCE.with_name("adamw.cpp"), SOURCE.with_name("argmax.cpp"), SOURCE.with_name("norm.cpp"))
+           SOURCE.with_name("adamw.cpp"), SOURCE.with_name("argmax.cpp"), SOURCE.with_name("norm.cpp"),
+           SOURCE.with_name("dropout.cpp"))
 HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("gemv_int4.h"), SOURCE.with_name("attention_tiles.h"))
 BUILD_TIMEOUT_S = 600
 
@@ -175,6 +176,13 @@ def norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, rms:
     """LayerNorm (``rms=False``) or RMSNorm of an fp32 or bf16 CPU tensor over its last dimension, in fp32, each row
     alike whatever the rows around it (``norm.cpp``; inference only: no gradient; call only where :func:`available`)."""
     return torch.ops.aiayn_native.norm(x, weight, bias, eps, rms)
+
+
+def dropout(x: Tensor, p: float, seed: int) -> Tensor:
+    """``x`` (fp32 or bf16, CPU) with each element kept with probability ``1 - p`` and scaled by ``1 / (1 - p)``, else
+    0, by the random bits of Philox4x32-10 at ``seed`` and the element's index (``dropout.cpp``): the same seed gives the
+    same mask, so the gradient is this same call on ``grad`` (call only where :func:`available`)."""
+    return torch.ops.aiayn_native.dropout(x, p, seed)
 
 
 def loaded() -> bool:

@@ -11,6 +11,7 @@ from aiayn.models.common import build_positions, check_token_ids, init_weights, 
 from aiayn.models.config import DecoderOnlyConfig
 from aiayn.nn.blocks import TransformerStack
 from aiayn.nn.cache import KVCache
+from aiayn.nn.dropout import Dropout
 from aiayn.nn.embedding import TokenEmbedding
 
 __all__ = ["DecoderOnly"]
@@ -24,7 +25,7 @@ class DecoderOnly(nn.Module):
         self.config = config
         self.embed = TokenEmbedding(config.vocab_size, config.d_model, scale=config.scale_embeddings)
         self.positions = build_positions(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.decoder = TransformerStack(
             config.layer_spec(), config.n_layers, causal=True, cross_attention=False,
             final_norm=config.has_final_norm, positions=self.positions,

@@ -12,6 +12,7 @@ from aiayn.models.common import build_positions, check_token_ids, init_weights, 
 from aiayn.models.config import EncoderDecoderConfig
 from aiayn.nn.blocks import TransformerStack
 from aiayn.nn.cache import KVCache
+from aiayn.nn.dropout import Dropout
 from aiayn.nn.embedding import TokenEmbedding
 from aiayn.nn.masks import check_padding_mask
 from aiayn.nn.norm import build_norm
@@ -40,7 +41,7 @@ class EncoderDecoder(nn.Module):
         if config.embedding_norm:  # BART's layernorm_embedding (not in the paper)
             self.src_embed_norm = build_norm(config.norm, d_model, eps=config.norm_eps, bias=config.bias)
             self.tgt_embed_norm = build_norm(config.norm, d_model, eps=config.norm_eps, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)  # section 5.4: on the sums of embeddings and positions
+        self.dropout = Dropout(config.dropout)  # section 5.4: on the sums of embeddings and positions
         self.encoder = TransformerStack(
             spec, config.n_encoder_layers, causal=False, cross_attention=False,
             final_norm=config.has_final_norm, positions=self.src_positions,

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from aiayn.models.common import build_positions, init_weights, resolve_padding
 from aiayn.models.config import EncoderOnlyConfig
 from aiayn.nn.blocks import TransformerStack
+from aiayn.nn.dropout import Dropout
 from aiayn.nn.embedding import TokenEmbedding
 from aiayn.nn.norm import build_norm
 
@@ -31,7 +32,7 @@ class EncoderOnly(nn.Module):
         self.positions = build_positions(config)
         self.segment_embed = nn.Embedding(config.n_segments, d_model) if config.n_segments else None
         self.embed_norm = build_norm(config.norm, d_model, eps=config.norm_eps, bias=config.bias) if config.embedding_norm else None
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.encoder = TransformerStack(
             config.layer_spec(), config.n_layers, causal=False, cross_attention=False,
             final_norm=config.has_final_norm, positions=self.positions,

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.inference import gemv, kernel_choice
+from aiayn.nn.dropout import dropout
 from aiayn.nn.masks import causal_mask, check_attention_mask
 
 BACKENDS: tuple[str, ...] = ("math", "sdpa", "auto")
@@ -252,7 +253,7 @@ def _math_attention(
     half = q.dtype in (torch.float16, torch.bfloat16)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None).to(q.dtype)
     if dropout_p > 0.0:
-        weights_used = F.dropout(weights, p=dropout_p)
+        weights_used = dropout(weights, dropout_p)
     else:
         weights_used = weights
     out = weights_used @ v  # (B, H, T, Dv)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from aiayn.nn.cache import CacheLayer, KVCache
+from aiayn.nn.dropout import Dropout
 from aiayn.nn.feedforward import PositionwiseFeedForward
 from aiayn.nn.multihead import MultiHeadAttention
 from aiayn.nn.norm import build_norm
@@ -85,7 +86,7 @@ class TransformerLayer(nn.Module):
             activation_dropout=spec.activation_dropout,
         )
         self.ffn_norm = norm()
-        self.dropout = nn.Dropout(spec.dropout)  # section 5.4: on each sublayer's output
+        self.dropout = Dropout(spec.dropout)  # section 5.4: on each sublayer's output
 
     def forward(
         self,

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.inference import gemv, kernel_choice
+from aiayn.nn.dropout import Dropout
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "gelu_tanh", "native_gelu_tanh"]
 
@@ -35,7 +36,7 @@ class PositionwiseFeedForward(nn.Module):
         self.w_gate = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
         self.w_gate_up: nn.Module | None = None  # SwiGLU's w_gate and w_1 as one layer, fused at load (aiayn.inference.fusion)
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, T, d_model) -> (B, T, d_model)``."""

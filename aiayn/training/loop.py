@@ -223,15 +223,19 @@ def _train(
             log.info("tied embedding: its lookup's gradient passed back as rows (a sparse tensor), added into the output "
                      "projection's dense one")
     if device.type == "cpu":
-        # our kernels or torch's for GPT-2's GELU and for the loss, timed once here (rank 0 alone, as above) rather than
-        # in the first step
+        # our kernels or torch's for GPT-2's GELU, the loss and dropout, timed once here (rank 0 alone, as above) rather
+        # than in the first step; dropout meets fp32 (the embeddings' sums) and, under autocast, bf16 (sublayer outputs)
         native_dtype = torch.float32 if precision == "float32" else torch.bfloat16
-        ops = ["cross_entropy", *(["gelu_tanh"] if any(getattr(m, "activation", None) == "gelu_tanh" for m in model.modules()) else [])]
-        choices = [choose_native(op, native_dtype) for op in ops] if dist_info.is_main else None
+        ops = [("cross_entropy", native_dtype)]
+        if any(getattr(m, "activation", None) == "gelu_tanh" for m in model.modules()):
+            ops.append(("gelu_tanh", native_dtype))
+        if any(getattr(model_config, key, 0.0) for key in ("dropout", "attention_dropout", "activation_dropout")):
+            ops += [("dropout", dtype) for dtype in dict.fromkeys((torch.float32, native_dtype))]
+        choices = [choose_native(op, dtype) for op, dtype in ops] if dist_info.is_main else None
         if dist_info.enabled:
             choices = all_gather_objects(choices, dist_info)[0]
-        for op, choice in zip(ops, choices):  # type: ignore[arg-type]  # rank 0's answers
-            adopt_native(op, native_dtype, choice)
+        for (op, dtype), choice in zip(ops, choices):  # type: ignore[arg-type]  # rank 0's answers
+            adopt_native(op, dtype, choice)
     if loop.activation_checkpointing:
         apply_activation_checkpointing(model)
     if fsdp:

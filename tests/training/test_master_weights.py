@@ -16,6 +16,7 @@ from aiayn import build_model
 from aiayn.allocator import ONEDNN_CACHE_ENV
 from aiayn.checkpoint.weights import read_safetensors
 from aiayn.data import LMBatch
+from aiayn.inference import gemv, kernel_choice
 from aiayn.training import precision as precision_module
 from aiayn.training.activation_checkpointing import apply_activation_checkpointing
 from aiayn.training.loop import train
@@ -115,9 +116,16 @@ def test_master_weights_refuse_compile_before_any_work(tmp_path):
 
 def test_resume_is_bit_for_bit_with_every_new_option_on(tmp_path, monkeypatch):
     """bf16-master, batch lengths padded to a multiple of 8, the chunked cross-entropy (always on), oneDNN's primitive
-    cache bounded, dropout on: 6 steps straight == 3 steps, stop, resume to 6 (losses and saved weights, bit for bit)."""
+    cache bounded, dropout on (by our kernel where it builds): 6 steps straight == 3 steps, stop, resume to 6 (losses
+    and saved weights, bit for bit)."""
     monkeypatch.setenv(ONEDNN_CACHE_ENV, "")
     monkeypatch.delenv(ONEDNN_CACHE_ENV)  # unset now, and unset again after the test (training sets it)
+    seeds: list[int] = []
+    if gemv.available():
+        monkeypatch.setenv(kernel_choice.DROPOUT_ENV_VAR, "native")
+        monkeypatch.setattr(kernel_choice, "_NATIVE_CHOSEN", {})
+        kernel = gemv.dropout
+        monkeypatch.setattr(gemv, "dropout", lambda x, p, seed: seeds.append(seed) or kernel(x, p, seed))
 
     def config(name: str, **loop: object):
         c = translation_config(tmp_path / name, steps=6, save_every=3, eval_every=6, precision="bf16-master",
@@ -134,6 +142,7 @@ def test_resume_is_bit_for_bit_with_every_new_option_on(tmp_path, monkeypatch):
     a, _ = read_safetensors(straight.run_dir / "step-000006" / "model.safetensors")
     b, _ = read_safetensors(resumed.run_dir / "step-000006" / "model.safetensors")
     assert a.keys() == b.keys() and all(a[k].dtype == torch.float32 and torch.equal(a[k], b[k]) for k in a)
+    assert not gemv.available() or len(seeds) > 0
 
 
 def _step_runner(model: torch.nn.Module, batch: torch.Tensor):
