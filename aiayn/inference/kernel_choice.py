@@ -567,10 +567,10 @@ def choose_native(op: str, dtype: torch.dtype) -> str:
 
 def adopt_native(op: str, dtype: torch.dtype, choice: str) -> None:
     """Take ``choice`` (one of :data:`NATIVE_OPS`, made elsewhere: distributed training's rank 0) for operator ``op`` in
-    ``dtype`` in this process, without timing."""
+    ``dtype`` in this process, without timing; ``native`` loads our library here first (torch's where it cannot)."""
     if choice not in NATIVE_OPS:
         raise ValueError(f"choice must be one of {', '.join(NATIVE_OPS)}, got {choice!r}")
-    _NATIVE_CHOSEN[op, dtype] = choice
+    _NATIVE_CHOSEN[op, dtype] = choice if choice == "torch" or gemv_available() else "torch"
 
 
 def choose_gelu_tanh(dtype: torch.dtype) -> str:

@@ -2,6 +2,10 @@
 kept fraction and scale, a mask independent of threads and layout and regenerated for the gradient, runs reproducible
 under torch's seed, and the timed choice with its override."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,3 +98,11 @@ def test_the_choice_is_timed_cached_and_overridden(native_gemv, cache, monkeypat
     monkeypatch.setattr(F, "dropout", lambda x, p, training: calls.append(p) or x)
     dropout(torch.ones(3), 0.5)
     assert calls == [0.5]
+
+
+def test_a_choice_adopted_from_rank_0_loads_our_library_in_this_process(native_gemv):
+    """Distributed training's other ranks adopt rank 0's answer without timing: ``native`` must load the library there."""
+    code = ("import torch; from aiayn.inference import gemv, kernel_choice; from aiayn.nn.dropout import dropout\n"
+            "assert not gemv.loaded(); kernel_choice.adopt_native('dropout', torch.float32, 'native')\n"
+            "y = dropout(torch.ones(4096), 0.5); assert gemv.loaded() and 0.4 < (y == 0).float().mean() < 0.6")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, kernel_choice.DROPOUT_ENV_VAR: "torch"})
