@@ -123,6 +123,12 @@ void apply(const T* x, T* y, int64_t n, uint32_t threshold, float scale, uint64_
 #if defined(__AVX512F__)
           const __mmask16 keep = _mm512_cmpge_epu32_mask(_mm512_loadu_si512(words[k]), _mm512_set1_epi32(static_cast<int>(threshold)));
           store16(y + i, _mm512_maskz_mul_ps(keep, load16(x + i), _mm512_set1_ps(scale)));
+#elif defined(__AVX2__) && defined(__FMA__)
+          for (int64_t h = 0; h < kLanes; h += 8) {  // word >= threshold, unsigned: max(word, threshold) == word
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words[k] + h));
+            const __m256 keep = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(w, _mm256_set1_epi32(static_cast<int>(threshold))), w));
+            store8(y + i + h, _mm256_and_ps(keep, _mm256_mul_ps(load8(x + i + h), _mm256_set1_ps(scale))));
+          }
 #else
           for (int64_t l = 0; l < kLanes; ++l) {
             y[i + l] = static_cast<T>(words[k][l] >= threshold ? static_cast<float>(x[i + l]) * scale : 0.f);
