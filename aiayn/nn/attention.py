@@ -33,6 +33,7 @@ from torch import Tensor
 
 from aiayn.inference import gemv, kernel_choice
 from aiayn.nn.dropout import dropout
+from aiayn.nn.dropout import takes_kernel as dropout_takes_kernel
 from aiayn.nn.masks import causal_mask, check_attention_mask
 
 BACKENDS: tuple[str, ...] = ("math", "sdpa", "auto")
@@ -112,6 +113,10 @@ def scaled_dot_product_attention(
         raise ValueError(f"causal attention needs at least as many keys as queries, got T={q_len}, S={k_len}")
     asked = backend
     backend = "math" if return_weights else resolve_backend(backend, q, k_len, causal)
+    if asked == "auto" and backend == "sdpa" and dropout_p > 0.0 and dropout_takes_kernel(q, dropout_p):
+        # torch's CPU kernel computes a call with dropout by the formula too (bmm, softmax, its one-thread bernoulli_):
+        # the formula here, with our dropout (aiayn.nn.dropout)
+        backend = "math"
     if (asked == "auto" and not return_weights and backend in ("sdpa", "math")
             and _native_training_fits(q, k, v, mask, bias, dropout_p, causal)):
         # training without a mask on the CPU: the rule's kernel or ours, whichever was timed faster at this shape

@@ -20,15 +20,20 @@ from torch import Tensor, nn
 
 from aiayn.inference import gemv, kernel_choice
 
-__all__ = ["Dropout", "dropout"]
+__all__ = ["Dropout", "dropout", "takes_kernel"]
+
+
+def takes_kernel(x: Tensor, p: float) -> bool:
+    """Whether :func:`dropout` of ``x`` at rate ``p`` in training goes through our kernel (see the module docstring)."""
+    return (0.0 < p < 1.0 and x.device.type == "cpu" and x.dtype in gemv.DTYPES and not torch.compiler.is_compiling()
+            and kernel_choice.choose_dropout(x.dtype) == "native")
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """``x`` with dropout at rate ``p`` in training (``F.dropout``'s contract), ``x`` itself otherwise or at ``p = 0``."""
     if not training or p == 0.0:
         return x
-    if (0.0 < p < 1.0 and x.device.type == "cpu" and x.dtype in gemv.DTYPES and not torch.compiler.is_compiling()
-            and kernel_choice.choose_dropout(x.dtype) == "native"):
+    if takes_kernel(x, p):
         seed = int(torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64))  # torch's generator: reproducible
         return _SeededDropout.apply(x, p, seed)
     return F.dropout(x, p, True)

@@ -106,3 +106,21 @@ def test_a_choice_adopted_from_rank_0_loads_our_library_in_this_process(native_g
             "assert not gemv.loaded(); kernel_choice.adopt_native('dropout', torch.float32, 'native')\n"
             "y = dropout(torch.ones(4096), 0.5); assert gemv.loaded() and 0.4 < (y == 0).float().mean() < 0.6")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, kernel_choice.DROPOUT_ENV_VAR: "torch"})
+
+
+def test_training_attention_with_dropout_takes_the_formula_with_our_dropout(ours, monkeypatch):
+    """torch's CPU kernel computes attention with dropout by the formula and its own dropout: "auto" takes ours instead."""
+    from aiayn.nn.attention import scaled_dot_product_attention
+
+    fused = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: fused.append(k["dropout_p"]) or sdpa(*a, **k))
+    q, k, v = (torch.randn(2, 2, 5, 8, requires_grad=True) for _ in range(3))
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]
+    out, _ = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=0.2, backend="auto")
+    out.sum().backward()
+    assert fused == [] and len(ours) == 2  # the weights' dropout and its gradient, by our kernel
+    assert torch.equal(out[1, :, :, :].isfinite(), torch.ones_like(out[1], dtype=torch.bool))
+    scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=0.0, backend="auto")  # no dropout: torch's kernel
+    scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=0.2, backend="sdpa")  # named: obeyed
+    assert fused == [0.0, 0.2]
