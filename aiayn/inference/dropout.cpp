@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "simd.h"
@@ -23,88 +24,70 @@ constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // and its key increme
 constexpr int64_t kLanes = 16;                         // counters generated at once (the loops vectorise over them)
 constexpr int64_t kChunk = 4 * kLanes;                 // elements per chunk: four words per counter
 
+// Counters side by side in this CPU's widest integer vector (one at a time without one), and what a Philox round
+// does to them: xor (the vector types' own ^), a key broadcast, and (hi, lo) = M * c as 64-bit products (in vectors,
+// from the even lanes and the odd lanes apart).
 #if defined(__AVX512F__)
-// One Philox round over 16 counters: (hi, lo) = M * c as 64-bit products, from the even lanes and the odd lanes apart.
-inline void mulhilo16(__m512i c, uint32_t m, __m512i& hi, __m512i& lo) {
-  const __m512i mv = _mm512_set1_epi32(static_cast<int>(m));
-  const __m512i even = _mm512_mul_epu32(c, mv), odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), mv);
+using Lanes = __m512i;
+inline Lanes load_lanes(const uint32_t* p) { return _mm512_loadu_si512(p); }
+inline void store_lanes(uint32_t* p, Lanes v) { _mm512_storeu_si512(p, v); }
+inline Lanes splat(uint32_t k) { return _mm512_set1_epi32(static_cast<int>(k)); }
+inline void mulhilo(Lanes c, uint32_t m, Lanes& hi, Lanes& lo) {
+  const Lanes even = _mm512_mul_epu32(c, splat(m)), odd = _mm512_mul_epu32(_mm512_srli_epi64(c, 32), splat(m));
   hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
-  lo = _mm512_mullo_epi32(c, mv);
+  lo = _mm512_mullo_epi32(c, splat(m));
 }
 #elif defined(__AVX2__)
-inline void mulhilo8(__m256i c, uint32_t m, __m256i& hi, __m256i& lo) {
-  const __m256i mv = _mm256_set1_epi32(static_cast<int>(m));
-  const __m256i even = _mm256_mul_epu32(c, mv), odd = _mm256_mul_epu32(_mm256_srli_epi64(c, 32), mv);
+using Lanes = __m256i;
+inline Lanes load_lanes(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void store_lanes(uint32_t* p, Lanes v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline Lanes splat(uint32_t k) { return _mm256_set1_epi32(static_cast<int>(k)); }
+inline void mulhilo(Lanes c, uint32_t m, Lanes& hi, Lanes& lo) {
+  const Lanes even = _mm256_mul_epu32(c, splat(m)), odd = _mm256_mul_epu32(_mm256_srli_epi64(c, 32), splat(m));
   hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-  lo = _mm256_mullo_epi32(c, mv);
+  lo = _mm256_mullo_epi32(c, splat(m));
+}
+#else
+using Lanes = uint32_t;
+inline Lanes load_lanes(const uint32_t* p) { return *p; }
+inline void store_lanes(uint32_t* p, Lanes v) { *p = v; }
+inline Lanes splat(uint32_t k) { return k; }
+inline void mulhilo(Lanes c, uint32_t m, Lanes& hi, Lanes& lo) {
+  const uint64_t product = static_cast<uint64_t>(m) * c;
+  hi = static_cast<uint32_t>(product >> 32);
+  lo = static_cast<uint32_t>(product);
 }
 #endif
+constexpr int64_t kWidth = sizeof(Lanes) / sizeof(uint32_t);  // counters a vector holds
 
 // The 4 x 16 random words of chunk `chunk`: counter (chunk * 16 + l, 0, 0, 0) under key (seed low, seed high) gives
 // words[k][l], the bits of element chunk * 64 + k * 16 + l (so each of the four words fills 16 adjacent elements).
 // Philox4x32's round: (hi0, lo0) = M0 c0, (hi1, lo1) = M1 c2, then c = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0) and the
 // key advanced by (W0, W1); ten rounds.
 inline void philox_chunk(uint64_t chunk, uint64_t seed, uint32_t words[4][kLanes]) {
-  uint32_t c0[kLanes], c1[kLanes];
+  uint32_t low[kLanes], high[kLanes];
   for (int64_t l = 0; l < kLanes; ++l) {
     const uint64_t counter = chunk * kLanes + static_cast<uint64_t>(l);
-    c0[l] = static_cast<uint32_t>(counter);
-    c1[l] = static_cast<uint32_t>(counter >> 32);
+    low[l] = static_cast<uint32_t>(counter);
+    high[l] = static_cast<uint32_t>(counter >> 32);
   }
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-#if defined(__AVX512F__)
-  __m512i a = _mm512_loadu_si512(c0), b = _mm512_loadu_si512(c1), c = _mm512_setzero_si512(), d = _mm512_setzero_si512();
-  for (int round = 0; round < 10; ++round, k0 += kW0, k1 += kW1) {
-    __m512i hi0, lo0, hi1, lo1;
-    mulhilo16(a, kM0, hi0, lo0);
-    mulhilo16(c, kM1, hi1, lo1);
-    a = _mm512_xor_si512(_mm512_xor_si512(hi1, b), _mm512_set1_epi32(static_cast<int>(k0)));
-    c = _mm512_xor_si512(_mm512_xor_si512(hi0, d), _mm512_set1_epi32(static_cast<int>(k1)));
-    b = lo1;
-    d = lo0;
-  }
-  _mm512_storeu_si512(words[0], a);
-  _mm512_storeu_si512(words[1], b);
-  _mm512_storeu_si512(words[2], c);
-  _mm512_storeu_si512(words[3], d);
-#elif defined(__AVX2__)
-  for (int64_t half = 0; half < kLanes; half += 8) {
-    uint32_t key0 = k0, key1 = k1;
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c0 + half));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1 + half)), c = _mm256_setzero_si256(), d = c;
-    for (int round = 0; round < 10; ++round, key0 += kW0, key1 += kW1) {
-      __m256i hi0, lo0, hi1, lo1;
-      mulhilo8(a, kM0, hi0, lo0);
-      mulhilo8(c, kM1, hi1, lo1);
-      a = _mm256_xor_si256(_mm256_xor_si256(hi1, b), _mm256_set1_epi32(static_cast<int>(key0)));
-      c = _mm256_xor_si256(_mm256_xor_si256(hi0, d), _mm256_set1_epi32(static_cast<int>(key1)));
-      b = lo1;
-      d = lo0;
+  for (int64_t at = 0; at < kLanes; at += kWidth) {
+    Lanes c0 = load_lanes(low + at), c1 = load_lanes(high + at), c2 = splat(0), c3 = splat(0);
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int round = 0; round < 10; ++round, k0 += kW0, k1 += kW1) {
+      Lanes hi0, lo0, hi1, lo1;
+      mulhilo(c0, kM0, hi0, lo0);
+      mulhilo(c2, kM1, hi1, lo1);
+      c0 = hi1 ^ c1 ^ splat(k0);
+      c2 = hi0 ^ c3 ^ splat(k1);
+      c1 = lo1;
+      c3 = lo0;
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[0] + half), a);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[1] + half), b);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[2] + half), c);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[3] + half), d);
+    store_lanes(words[0] + at, c0);
+    store_lanes(words[1] + at, c1);
+    store_lanes(words[2] + at, c2);
+    store_lanes(words[3] + at, c3);
   }
-#else
-  uint32_t c2[kLanes] = {}, c3[kLanes] = {};
-  for (int round = 0; round < 10; ++round, k0 += kW0, k1 += kW1) {
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const uint64_t p0 = static_cast<uint64_t>(kM0) * c0[l], p1 = static_cast<uint64_t>(kM1) * c2[l];
-      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[l] ^ k0, n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[l] ^ k1;
-      c1[l] = static_cast<uint32_t>(p1);
-      c3[l] = static_cast<uint32_t>(p0);
-      c0[l] = n0;
-      c2[l] = n2;
-    }
-  }
-  for (int64_t l = 0; l < kLanes; ++l) {
-    words[0][l] = c0[l];
-    words[1][l] = c1[l];
-    words[2][l] = c2[l];
-    words[3][l] = c3[l];
-  }
-#endif
 }
 
 // y[i] = x[i] * scale where element i's word is at least `threshold` (kept with probability 1 - threshold / 2^32), else
@@ -116,30 +99,23 @@ void apply(const T* x, T* y, int64_t n, uint32_t threshold, float scale, uint64_
     uint32_t words[4][kLanes];
     for (int64_t c = begin; c < end; ++c) {
       philox_chunk(static_cast<uint64_t>(c), seed, words);
-      const int64_t base = c * kChunk;
-      if (base + kChunk <= n) {
-        for (int64_t k = 0; k < 4; ++k) {
-          const int64_t i = base + k * kLanes;
+      const int64_t base = c * kChunk, stop = std::min(n, base + kChunk);
+      int64_t i = base;
 #if defined(__AVX512F__)
-          const __mmask16 keep = _mm512_cmpge_epu32_mask(_mm512_loadu_si512(words[k]), _mm512_set1_epi32(static_cast<int>(threshold)));
-          store16(y + i, _mm512_maskz_mul_ps(keep, load16(x + i), _mm512_set1_ps(scale)));
+      for (; stop == base + kChunk && i < stop; i += kLanes) {  // a whole chunk: 16 elements a vector
+        const __mmask16 keep = _mm512_cmpge_epu32_mask(_mm512_loadu_si512(words[(i - base) / kLanes]), splat(threshold));
+        store16(y + i, _mm512_maskz_mul_ps(keep, load16(x + i), _mm512_set1_ps(scale)));
+      }
 #elif defined(__AVX2__) && defined(__FMA__)
-          for (int64_t h = 0; h < kLanes; h += 8) {  // word >= threshold, unsigned: max(word, threshold) == word
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words[k] + h));
-            const __m256 keep = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(w, _mm256_set1_epi32(static_cast<int>(threshold))), w));
-            store8(y + i + h, _mm256_and_ps(keep, _mm256_mul_ps(load8(x + i + h), _mm256_set1_ps(scale))));
-          }
-#else
-          for (int64_t l = 0; l < kLanes; ++l) {
-            y[i + l] = static_cast<T>(words[k][l] >= threshold ? static_cast<float>(x[i + l]) * scale : 0.f);
-          }
+      for (; stop == base + kChunk && i < stop; i += 8) {  // 8 a vector; word >= threshold, unsigned: max(word, threshold) == word
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&words[(i - base) / kLanes][(i - base) % kLanes]));
+        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(w, splat(threshold)), w));
+        store8(y + i, _mm256_and_ps(keep, _mm256_mul_ps(load8(x + i), _mm256_set1_ps(scale))));
+      }
 #endif
-        }
-      } else {
-        for (int64_t i = base; i < n; ++i) {
-          const int64_t e = i - base;
-          y[i] = static_cast<T>(words[e / kLanes][e % kLanes] >= threshold ? static_cast<float>(x[i]) * scale : 0.f);
-        }
+      for (; i < stop; ++i) {  // the rest: a chunk's tail, or everything without vectors
+        const int64_t e = i - base;
+        y[i] = static_cast<T>(words[e / kLanes][e % kLanes] >= threshold ? static_cast<float>(x[i]) * scale : 0.f);
       }
     }
   });
