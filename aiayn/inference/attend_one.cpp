@@ -17,48 +17,6 @@ namespace {
 
 using namespace aiayn_simd;
 
-// out[d] = sum over s < rows of p[s] * v[s * stride + d], for d < n: the attention-weighted sum of value rows, v
-// widened to fp32. Four vectors of columns at a time are summed over all rows in registers, then stored; then one.
-template <typename T>
-inline void weighted_rows(const float* __restrict p, const T* __restrict v, int64_t rows, int64_t stride, int64_t n,
-                          float* __restrict out) {
-  int64_t d = 0;
-#if defined(__AVX512F__)
-  for (; d + 64 <= n; d += 64) {
-    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t s = 0; s < rows; ++s) {
-      const __m512 ps = _mm512_set1_ps(p[s]);
-      for (int j = 0; j < 4; ++j) a[j] = _mm512_fmadd_ps(load16(v + s * stride + d + 16 * j), ps, a[j]);
-    }
-    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + d + 16 * j, a[j]);
-  }
-  for (; d + 16 <= n; d += 16) {  // a head of 32 or 48: one vector at a time (it was scalar: 1.8x torch's time at 6 x 32)
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t s = 0; s < rows; ++s) a = _mm512_fmadd_ps(load16(v + s * stride + d), _mm512_set1_ps(p[s]), a);
-    _mm512_storeu_ps(out + d, a);
-  }
-#elif defined(__AVX2__) && defined(__FMA__)
-  for (; d + 32 <= n; d += 32) {
-    __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t s = 0; s < rows; ++s) {
-      const __m256 ps = _mm256_set1_ps(p[s]);
-      for (int j = 0; j < 4; ++j) a[j] = _mm256_fmadd_ps(load8(v + s * stride + d + 8 * j), ps, a[j]);
-    }
-    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + d + 8 * j, a[j]);
-  }
-  for (; d + 8 <= n; d += 8) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t s = 0; s < rows; ++s) a = _mm256_fmadd_ps(load8(v + s * stride + d), _mm256_set1_ps(p[s]), a);
-    _mm256_storeu_ps(out + d, a);
-  }
-#endif
-  for (; d < n; ++d) {
-    float a = 0.f;
-    for (int64_t s = 0; s < rows; ++s) a += p[s] * static_cast<float>(v[s * stride + d]);
-    out[d] = a;
-  }
-}
-
 // Ask for `rows` rows of n elements, `stride` apart, into L2. A decoding step's cache comes from memory (a token's
 // weights stream through the caches between two reads of it); without this, a pair's keys arrive one miss at a time.
 template <typename T>
@@ -91,12 +49,91 @@ inline float exp_shifted(float* x, int64_t n, float top) {
   return total;
 }
 
+// This CPU's vector of floats (AVX-512: 16, AVX2: 8) and the four operations the sum of value rows needs.
+#if defined(__AVX512F__)
+using Floats = __m512;
+constexpr int64_t kFloats = 16;
+inline Floats zeros() { return _mm512_setzero_ps(); }
+template <typename T>
+inline Floats load_floats(const T* p) { return load16(p); }
+inline Floats splat(float x) { return _mm512_set1_ps(x); }
+inline Floats fma(Floats a, Floats b, Floats c) { return _mm512_fmadd_ps(a, b, c); }
+inline void store_floats(float* p, Floats v) { _mm512_storeu_ps(p, v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+using Floats = __m256;
+constexpr int64_t kFloats = 8;
+inline Floats zeros() { return _mm256_setzero_ps(); }
+template <typename T>
+inline Floats load_floats(const T* p) { return load8(p); }
+inline Floats splat(float x) { return _mm256_set1_ps(x); }
+inline Floats fma(Floats a, Floats b, Floats c) { return _mm256_fmadd_ps(a, b, c); }
+inline void store_floats(float* p, Floats v) { _mm256_storeu_ps(p, v); }
+#endif
+
+// The attention-weighted sums of value rows for G queries of one (batch row, head): out[i][d] = sum over s < keys[i] of
+// p[i][s] * v[s * stride + d], v widened to fp32. Each value vector is loaded once for the G queries (a check's queries
+// share their keys); four vectors of columns at a time are summed over the rows in registers, then one; each query's
+// column the rows in order, one multiply-add a row, whatever G, so a check's query gets the bits of the one-query step
+// at its position. keys[] rises with i (causal queries): a row past keys[i] is not added to query i.
+template <int G, typename T>
+inline void weighted_rows(const float* const* p, const int64_t* keys, const T* __restrict v, int64_t stride, int64_t n,
+                          float* const* out) {
+  int64_t d = 0;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  for (; d + 4 * kFloats <= n; d += 4 * kFloats) {
+    Floats a[G][4];
+    for (int i = 0; i < G; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = zeros();
+    for (int64_t s = 0; s < keys[G - 1]; ++s) {
+      Floats vs[4];
+      for (int j = 0; j < 4; ++j) vs[j] = load_floats(v + s * stride + d + kFloats * j);
+      for (int i = 0; i < G; ++i) {
+        if (s >= keys[i]) continue;
+        const Floats ps = splat(p[i][s]);
+        for (int j = 0; j < 4; ++j) a[i][j] = fma(vs[j], ps, a[i][j]);
+      }
+    }
+    for (int i = 0; i < G; ++i) {
+      for (int j = 0; j < 4; ++j) store_floats(out[i] + d + kFloats * j, a[i][j]);
+    }
+  }
+  for (; d + kFloats <= n; d += kFloats) {  // a head of 32 or 48 with AVX-512 (scalar, it took 1.8x torch's time at 6 x 32)
+    Floats a[G];
+    for (int i = 0; i < G; ++i) a[i] = zeros();
+    for (int64_t s = 0; s < keys[G - 1]; ++s) {
+      const Floats vs = load_floats(v + s * stride + d);
+      for (int i = 0; i < G; ++i) {
+        if (s < keys[i]) a[i] = fma(vs, splat(p[i][s]), a[i]);
+      }
+    }
+    for (int i = 0; i < G; ++i) store_floats(out[i] + d, a[i]);
+  }
+#endif
+  for (int i = 0; i < G; ++i) {  // the columns past the vectors
+    for (int64_t c = d; c < n; ++c) {
+      float a = 0.f;
+      for (int64_t s = 0; s < keys[i]; ++s) a += p[i][s] * static_cast<float>(v[s * stride + c]);
+      out[i][c] = a;
+    }
+  }
+}
+
+// Queries (heads' worth of one row) a value vector is loaded for at once: G partial sums of four vectors each take 16
+// of AVX-512's 32 registers at four, of AVX2's 16 at two.
+#if defined(__AVX512F__)
+constexpr int64_t kQueryGroup = 4;
+#else
+constexpr int64_t kQueryGroup = 2;
+#endif
+
 // out (B, H, T, D) = softmax(q K^T * scale, keys where `mask` is true) V for each query of a (batch row, head): the
-// scores are the dot products of the query with each key row (the matrix-vector product's `dots`, four keys at a time
-// where the rows follow one another), the softmax and the sum of value rows in fp32. `causal`: query t sees the first
-// S - T + t + 1 keys (the last T are the queries' own positions), and only those are read. Head h reads key/value head
-// h / (H / Hkv) (grouped-query attention). A row whose keys are all masked gets zeros, as the library's attention
-// gives (aiayn/nn/attention.py). The (batch, head, query) triples are split over torch's threads.
+// scores are the dot products of the query with each key row (the matrix-vector product's `dots`), the softmax and the
+// sum of value rows in fp32. `causal`: query t sees the first S - T + t + 1 keys (the last T are the queries' own
+// positions), and only those are read. Head h reads key/value head h / (H / Hkv) (grouped-query attention). A row whose
+// keys are all masked gets zeros, as the library's attention gives (aiayn/nn/attention.py). The (batch row, head) pairs
+// are split over torch's threads, the next pair's keys and values asked for meanwhile. Several queries (speculative
+// decoding's check) are computed together, each value row loaded once for a group of them (weighted_rows()), and
+// every query's numbers with the same operations in the same order as the one-query step at its position computes them,
+// so the same bits.
 template <typename T>
 void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask, int64_t mask_row,
                  double scale, bool causal, at::Tensor& out) {
@@ -107,46 +144,83 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   const T* vp = v.const_data_ptr<T>();
   T* op = out.mutable_data_ptr<T>();
   constexpr float none = -std::numeric_limits<float>::infinity();
-  at::parallel_for(0, batch * heads * queries, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(dim), score(all_keys), sum(dim);
-    for (int64_t bht = begin; bht < end; ++bht) {
-      const int64_t bh = bht / queries, t = bht % queries, b = bh / heads, h = bh % heads, kv = h / group;
-      const int64_t keys = causal ? all_keys - queries + t + 1 : all_keys;
-      if (t + 1 == queries && bht + 1 < end) {  // the next pair's keys and values asked for now: they arrive meanwhile
+  at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(queries * dim), score(queries * all_keys), sum(queries * dim);
+    std::vector<int64_t> seen(queries);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads, kv = h / group;
+      if (bh + 1 < end) {  // the next pair's keys and values asked for now: they arrive meanwhile
         const int64_t nb = (bh + 1) / heads, nkv = ((bh + 1) % heads) / group;
         prefetch_rows(kp + nb * k.stride(0) + nkv * k.stride(1), all_keys, k_row, dim);
         prefetch_rows(vp + nb * v.stride(0) + nkv * v.stride(1), all_keys, v_row, dim);
       }
-      const T* qr = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
-      for (int64_t d = 0; d < dim; ++d) query[d] = static_cast<float>(qr[d]) * static_cast<float>(scale);
       const T* kb = kp + b * k.stride(0) + kv * k.stride(1);
       const T* vb = vp + b * v.stride(0) + kv * v.stride(1);
       const bool* allowed = mask ? mask + b * mask_row : nullptr;
-      int64_t s = 0;
+      for (int64_t t = 0; t < queries; ++t) {
+        seen[t] = causal ? all_keys - queries + t + 1 : all_keys;
+        const T* qr = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
+        for (int64_t d = 0; d < dim; ++d) query[t * dim + d] = static_cast<float>(qr[d]) * static_cast<float>(scale);
+      }
+      // The scores: query t's with keys s < seen[t], each sum as dots() makes it (dots16(): sixteen keys at a time).
+      for (int64_t t = 0; t < queries; ++t) {
+        float* row = score.data() + t * all_keys;
+        int64_t s = 0;
 #if defined(__AVX512BF16__)
-      if constexpr (std::is_same_v<T, at::BFloat16>) {
-        if (dim % 32 == 0) {  // bf16 keys and query multiplied in pairs, summed in fp32 (AVX512-BF16), then scaled
-          for (; s < keys; ++s) score[s] = dot_bf16(kb + s * k_row, qr, dim) * static_cast<float>(scale);
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          if (dim % 32 == 0) {  // bf16 keys and query multiplied in pairs, summed in fp32 (AVX512-BF16), then scaled
+            const T* qr = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
+            for (; s < seen[t]; ++s) row[s] = dot_bf16(kb + s * k_row, qr, dim) * static_cast<float>(scale);
+          }
+        }
+#endif
+#if defined(__AVX512F__)
+        if (dim % 16 == 0) {
+          for (; s + 16 <= seen[t]; s += 16) dots16(kb + s * k_row, k_row, query.data() + t * dim, dim, row + s);
+        }
+#endif
+        for (; s < seen[t]; ++s) dots<1>(kb + s * k_row, query.data() + t * dim, dim, 0, row + s);
+      }
+      // Each query's softmax over its own keys, then the value rows weighted by it, a group of queries at a time.
+      std::vector<float> total(queries);
+      for (int64_t t = 0; t < queries; ++t) {
+        float* row = score.data() + t * all_keys;
+        float top = none;
+        int64_t s = 0;
+#if defined(__AVX512F__)
+        if (allowed == nullptr) {  // the largest score, sixteen at a time (a maximum is the same in any order)
+          __m512 m = _mm512_set1_ps(none);
+          for (; s + 16 <= seen[t]; s += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(row + s));
+          top = _mm512_reduce_max_ps(m);
+        }
+#endif
+        for (; s < seen[t]; ++s) {
+          if (allowed && !allowed[s]) row[s] = none;
+          top = std::max(top, row[s]);
+        }
+        total[t] = top == none ? 0.f : exp_shifted(row, seen[t], top);  // 0: every key masked
+      }
+      for (int64_t t0 = 0; t0 < queries; t0 += kQueryGroup) {
+        const int64_t g = std::min(kQueryGroup, queries - t0);
+        const float* p[kQueryGroup];
+        float* o[kQueryGroup];
+        for (int64_t i = 0; i < g; ++i) {
+          p[i] = score.data() + (t0 + i) * all_keys;
+          o[i] = sum.data() + (t0 + i) * dim;
+        }
+        switch (g) {
+#if defined(__AVX512F__)
+          case 4: weighted_rows<4>(p, &seen[t0], vb, v_row, dim, o); break;
+          case 3: weighted_rows<3>(p, &seen[t0], vb, v_row, dim, o); break;
+#endif
+          case 2: weighted_rows<2>(p, &seen[t0], vb, v_row, dim, o); break;
+          default: weighted_rows<1>(p, &seen[t0], vb, v_row, dim, o); break;
         }
       }
-#endif
-      if (s == 0 && k_row == dim) {
-        for (; s + 4 <= keys; s += 4) dots<4>(kb + s * dim, query.data(), dim, 0, &score[s]);
+      for (int64_t t = 0; t < queries; ++t) {
+        T* o = op + (bh * queries + t) * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(total[t] == 0.f ? 0.f : sum[t * dim + d] / total[t]);
       }
-      for (; s < keys; ++s) dots<1>(kb + s * k_row, query.data(), dim, 0, &score[s]);
-      float top = none;
-      for (s = 0; s < keys; ++s) {
-        if (allowed && !allowed[s]) score[s] = none;
-        top = std::max(top, score[s]);
-      }
-      T* o = op + bht * dim;
-      if (top == none) {  // every key masked: zeros
-        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(0.f);
-        continue;
-      }
-      const float total = exp_shifted(score.data(), keys, top);
-      weighted_rows(score.data(), vb, keys, v_row, dim, sum.data());
-      for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(sum[d] / total);
     }
   });
 }

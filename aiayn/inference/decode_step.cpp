@@ -485,7 +485,7 @@ class DecodeStep : public torch::CustomClassHolder {
   at::Tensor feed_forward(const Layer& layer, const at::Tensor& x) const {
     at::Tensor hidden = linear(x, layer.up);
     switch (layer.activation) {
-      case kRelu: hidden = at::relu(hidden); break;
+      case kRelu: hidden.relu_(); break;  // in place: the product's own tensor
       case kGelu: hidden = at::gelu(hidden); break;
       case kGeluTanh: hidden = at::gelu(hidden, "tanh"); break;
       case kGeluTanhNative: hidden = gelu_tanh_op().call(hidden); break;
@@ -495,7 +495,7 @@ class DecodeStep : public torch::CustomClassHolder {
         hidden = at::silu(halves[0]) * halves[1];
         break;
       }
-      case kRelu2: hidden = at::relu(hidden).square(); break;
+      case kRelu2: hidden.relu_().mul_(hidden); break;  // relu(x)^2 as square() computes it (x * x), in place
       default: TORCH_CHECK(false, "aiayn_native::DecodeStep: unknown activation ", layer.activation);
     }
     return linear(hidden, layer.down);

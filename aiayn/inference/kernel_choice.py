@@ -299,25 +299,28 @@ def attention_candidates() -> tuple[str, ...]:
     return ATTENTION if gemv_available() else tuple(name for name in ATTENTION if name != "native")
 
 
-def choose_attention(shapes: list[tuple[torch.dtype, int, int]]) -> list[str]:
-    """Which backend of :data:`ATTENTION` attends one query at inference for each ``(dtype, heads, head dim)``: read
-    from the cache, or timed once (one query over each of :data:`ATTENTION_KEYS` keys, the fastest of five
-    interleaved rounds, summed over the lengths) and cached beside the Linear choices."""
+def choose_attention(shapes: list[tuple[torch.dtype, int, int]], queries: int = 1) -> list[str]:
+    """Which backend of :data:`ATTENTION` attends one query (``queries`` 1) or a few causal ones (a speculative check,
+    ``queries`` > 1) at inference for each ``(dtype, heads, head dim)``: read from the cache, or timed once (that many
+    queries over each of :data:`ATTENTION_KEYS` keys, the fastest of five interleaved rounds, summed over the lengths)
+    and cached beside the Linear choices."""
     mode = attention_mode()
     if mode != "measure":
         return [mode] * len(shapes)
     names = attention_candidates()
+    what = "1 query" if queries == 1 else f"{queries} causal queries"
 
     def timed(shape: tuple[torch.dtype, int, int]) -> tuple[str, str]:
-        times = _time_attention(*shape, names=names)
+        times = _time_attention(*shape, names=names, queries=queries)
         choice = min(names, key=lambda name: times[name])
         keys = "+".join(str(n) for n in ATTENTION_KEYS)
-        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in names) + f" ms (one query over {keys} keys) -> {choice}"
+        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in names) + f" ms ({what} over {keys} keys) -> {choice}"
 
-    # The candidates and the way of timing are in the key: a machine that timed two backends hot times them again.
-    shape_names = [f"attention {heads}x{dim} {str(dtype).removeprefix('torch.')} 1 query ({'/'.join(names)}, cold)"
+    # The candidates and the way of timing are in the key: a machine that timed two backends hot times them again;
+    # "16-key sums": our kernel's scores summed 16 keys at a time since 2026-12-07 (choices timed before, again).
+    shape_names = [f"attention {heads}x{dim} {str(dtype).removeprefix('torch.')} {what} ({'/'.join(names)}, cold, 16-key sums)"
                    for dtype, heads, dim in shapes]
-    return _cached(shape_names, shapes, names, timed, "one-query attention", ATTENTION_ENV_VAR)
+    return _cached(shape_names, shapes, names, timed, f"attention of {what}", ATTENTION_ENV_VAR)
 
 
 TRAINING_ATTENTION_ENV_VAR = "AIAYN_TRAINING_ATTENTION"
@@ -390,9 +393,9 @@ def _time_training_attention(dtype: torch.dtype, shape: tuple[int, ...], causal:
 
 
 def choose_model_attention(model: nn.Module) -> dict[tuple[torch.dtype, int, int], str]:
-    """Time (or read) the one-query backend for each attention shape of ``model`` at its dtype, and register it in
-    :data:`aiayn.nn.attention.ONE_QUERY`, where the ``auto`` backend reads it; returns what was registered. A model
-    on another device than the CPU registers nothing."""
+    """Time (or read) the backend of one query and of a check's few for each attention shape of ``model`` at its dtype,
+    and register them in :data:`aiayn.nn.attention.ONE_QUERY` and :data:`~aiayn.nn.attention.FEW_QUERY`, where the
+    ``auto`` backend reads them; returns the one-query choices. A model on another device than the CPU registers nothing."""
     from aiayn.nn import attention
     from aiayn.nn.multihead import MultiHeadAttention
 
@@ -403,12 +406,14 @@ def choose_model_attention(model: nn.Module) -> dict[tuple[torch.dtype, int, int
     shapes = sorted({(dtype, m.n_heads, m.head_dim) for m in model.modules() if isinstance(m, MultiHeadAttention)}, key=str)
     chosen = dict(zip(shapes, choose_attention(shapes)))
     attention.ONE_QUERY.update(chosen)
+    attention.FEW_QUERY.update(zip(shapes, choose_attention(shapes, queries=attention.FEW_QUERIES)))
     return chosen
 
 
 def _time_attention(dtype: torch.dtype, heads: int, head_dim: int, rounds: int = 5,
-                    names: tuple[str, ...] = ATTENTION) -> dict[str, float]:
-    """Milliseconds of one query through each backend of ``names``, summed over :data:`ATTENTION_KEYS` keys: at each
+                    names: tuple[str, ...] = ATTENTION, queries: int = 1) -> dict[str, float]:
+    """Milliseconds of one query (or of ``queries`` causal ones) through each backend of ``names``, summed over
+    :data:`ATTENTION_KEYS` keys: at each
     length the mean call of a round, one call on each of several copies of the keys and values (together larger than
     the last-level cache, as in decoding, where a layer's weights evict its cache between steps: timed hot, torch's
     fused bf16 kernel beat ours from 256 keys on an AMX Xeon, timed cold it lost at every length, as in the decoding
@@ -418,14 +423,14 @@ def _time_attention(dtype: torch.dtype, heads: int, head_dim: int, rounds: int =
     total = dict.fromkeys(names, 0.0)
     with torch.no_grad():
         for length in ATTENTION_KEYS:
-            q = torch.randn(1, heads, 1, head_dim).to(dtype)
+            q = torch.randn(1, heads, queries, head_dim).to(dtype)
             copies = [(torch.randn(1, heads, length, head_dim).to(dtype), torch.randn(1, heads, length, head_dim).to(dtype))
                       for _ in range(_cold_copies(2 * heads * length * head_dim * q.element_size()))]
 
             def attend(name: str, q: Tensor = q, copies: list[tuple[Tensor, Tensor]] = copies) -> Callable[[], None]:
                 def run() -> None:
                     for k, v in copies:
-                        scaled_dot_product_attention(q, k, v, backend=name)
+                        scaled_dot_product_attention(q, k, v, causal=queries > 1, backend=name)
                 return run
 
             best = _fastest_rounds({name: attend(name) for name in names}, rounds, per=len(copies))

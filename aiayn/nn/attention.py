@@ -10,7 +10,8 @@
   most ``AUTO_MATH_MAX_KEYS`` keys, where torch's CPU flash kernel's backward is 2-4x slower than the
   formula (measured in ``docs/benchmarks.md``); for one query at inference on the CPU (a decoding step), or a few
   causal ones (at most :data:`FEW_QUERIES`: speculative decoding's check, which then computes each query as the step at
-  its position does), the backend :data:`ONE_QUERY` holds for its dtype and shape, timed at load on this machine
+  its position does), the backend :data:`ONE_QUERY` (one query) or :data:`FEW_QUERY` (a check) holds for its dtype and
+  shape, timed at load on this machine
   (:func:`aiayn.inference.kernel_choice.choose_attention`: in bf16 the flash kernel took 4x the formula's time
   at 512 keys on a Zen 5 EPYC), which may also be ``"native"``, our one-query kernel built on this machine
   (:func:`aiayn.inference.gemv.attend_one`); ``"sdpa"`` everywhere else. Training on the CPU without a mask (causal or
@@ -44,12 +45,16 @@ AUTO_MATH_MAX_KEYS = 128
 # (dtype, heads, head dim) -> the backend of one query at inference on the CPU, filled at load by timing
 # (aiayn.inference.kernel_choice.choose_attention); a shape not in it takes "sdpa".
 ONE_QUERY: dict[tuple[torch.dtype, int, int], str] = {}
-# The most causal queries a row that take the one-query choice at inference (a decoding check: the rows the C++ step's
+# The most causal queries a row that take a timed choice at inference (a decoding check: the rows the C++ step's
 # Linear layers take through our kernel); more (a prompt) take "sdpa".
 FEW_QUERIES = gemv.FEW_ROWS
+# (dtype, heads, head dim) -> the backend of a few causal queries (a check), timed at load apart from one query (torch's
+# kernel can win a step whose cache comes from memory and lose a check, which is arithmetic); a shape not in it takes
+# ONE_QUERY's choice.
+FEW_QUERY: dict[tuple[torch.dtype, int, int], str] = {}
 
 __all__ = ["scaled_dot_product_attention", "repeat_kv", "resolve_backend", "BACKENDS", "AUTO_MATH_MAX_KEYS", "FEW_QUERIES",
-           "ONE_QUERY", "ONE_QUERY_BACKENDS"]
+           "ONE_QUERY", "ONE_QUERY_BACKENDS", "FEW_QUERY"]
 
 
 def repeat_kv(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
@@ -69,7 +74,9 @@ def resolve_backend(backend: str, q: Tensor, k_len: int, causal: bool = False) -
         return backend
     training = torch.is_grad_enabled() and q.requires_grad
     if q.device.type == "cpu" and not training and _few_queries(q.shape[2], causal):  # a decoding step, or its check
-        return ONE_QUERY.get((q.dtype, q.shape[1], q.shape[3]), "sdpa")
+        shape = (q.dtype, q.shape[1], q.shape[3])
+        one = ONE_QUERY.get(shape, "sdpa")
+        return one if q.shape[2] == 1 else FEW_QUERY.get(shape, one)
     half_on_cpu = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
     return "math" if half_on_cpu and training and k_len <= AUTO_MATH_MAX_KEYS else "sdpa"
 

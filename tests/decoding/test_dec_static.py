@@ -106,6 +106,7 @@ def test_compiled_decoding_is_one_graph_for_every_length(monkeypatch):
     assert pack_linears(model) > 0  # as loading does: oneDNN's packed weights enter the frozen graph as constants
     backend = "native" if gemv.available() and gemv.may_run() else "math"
     monkeypatch.setattr(attention, "ONE_QUERY", {(torch.float32, m.n_heads, m.head_dim): backend for m in model.modules() if hasattr(m, "head_dim")})
+    monkeypatch.setattr(attention, "FEW_QUERY", dict(attention.ONE_QUERY))  # a check's (and a short prompt's) too
     owner, name = (gemv, "attend_one") if backend == "native" else (attention, "_math_attention")
     kernel, one_query = getattr(owner, name), []
     monkeypatch.setattr(owner, name,  # recorded eagerly only (a list a graph appended to would be guarded on)

@@ -106,6 +106,7 @@ def test_a_check_of_several_tokens_gives_the_one_token_steps_logits(native_gemv,
     model = _loaded(dtype, **overrides)
     _kernels(model, "native", many="native")
     monkeypatch.setitem(attention.ONE_QUERY, (model.embed.weight.dtype, 4, 8), "native")
+    monkeypatch.setitem(attention.FEW_QUERY, (model.embed.weight.dtype, 4, 8), "native")
     ids, feed = torch.tensor(random_rows([5])), torch.tensor([[7, 8, 9, 10]])
     decoder = CausalLMDecoder(model, static_cache=True)
     state, _ = decoder.start(ids, None, max_new_tokens=8)

@@ -34,13 +34,14 @@ def test_it_is_the_formula_for_cache_views_and_masks(native_gemv, dtype, batch, 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "queries", "keys"), [(4, 4, 2, 2), (8, 2, 8, 37), (3, 1, 5, 130)])
-def test_a_few_causal_queries_are_each_the_step_at_its_position(native_gemv, dtype, heads, kv_heads, queries, keys):
+@pytest.mark.parametrize("dim", [32, 40, 128])  # scores 16 keys at a time, and a head with a scalar tail
+def test_a_few_causal_queries_are_each_the_step_at_its_position(native_gemv, dtype, heads, kv_heads, queries, keys, dim):
     """Speculative decoding's check: query t over the first S - T + t + 1 keys, with the bits of one query over exactly
     those keys (what the one-token step at that position computes), and the formula's result."""
     torch.manual_seed(keys)
-    cache_k, cache_v = (torch.randn(2, kv_heads, keys + 5, 32, dtype=dtype) for _ in range(2))
+    cache_k, cache_v = (torch.randn(2, kv_heads, keys + 5, dim, dtype=dtype) for _ in range(2))
     k, v = cache_k[:, :, :keys], cache_v[:, :, :keys]
-    q = torch.randn(2, heads, queries, 32, dtype=dtype)
+    q = torch.randn(2, heads, queries, dim, dtype=dtype)
     pad = torch.ones(2, 1, 1, keys, dtype=torch.bool)
     pad[1, ..., : keys // 3] = False  # the second row left-padded
     for mask in (None, pad):
