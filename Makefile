@@ -25,7 +25,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -n auto --dist worksteal
 
-# ruff (lint) and mypy on the package, as configured in pyproject.toml.
+# ruff (lint) on the package, its tests and benchmarks, and mypy on the package, as configured in pyproject.toml.
 lint: setup
-	$(PY) -m ruff check aiayn
+	$(PY) -m ruff check aiayn tests benchmarks
 	$(PY) -m mypy

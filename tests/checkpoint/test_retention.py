@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from training_helpers import TinyModel
 
-from aiayn.checkpoint.state import BestValue, CorruptCheckpointWarning, list_checkpoints, read_trainer_state, save_checkpoint
 from aiayn.checkpoint.retention import RetentionConfig, best_checkpoint, is_better, rotate_checkpoints, update_best
+from aiayn.checkpoint.state import BestValue, CorruptCheckpointWarning, list_checkpoints, read_trainer_state, save_checkpoint
 
 
 def _run(tmp_path: Path, values: list[float], retention: RetentionConfig) -> list[list[str]]:

@@ -16,7 +16,6 @@ import torch
 from training_helpers import TinyModel, assert_same
 
 from aiayn.checkpoint import atomic_io
-from aiayn.config_io import from_dict, to_dict
 from aiayn.checkpoint.state import (
     BestValue,
     CorruptCheckpointError,
@@ -31,6 +30,7 @@ from aiayn.checkpoint.state import (
     save_checkpoint,
     verify_checkpoint,
 )
+from aiayn.config_io import from_dict, to_dict
 from aiayn.training.losses import label_smoothed_cross_entropy
 from aiayn.training.optim import OptimConfig, ScheduleConfig, build_optimizer, build_scheduler
 

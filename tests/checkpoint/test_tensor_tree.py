@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load, save
 from training_helpers import TinyModel, assert_same
 
-from aiayn.training.optim import OptimConfig, build_optimizer
 from aiayn.checkpoint.tensor_tree import flatten_tree, unflatten_tree
+from aiayn.training.optim import OptimConfig, build_optimizer
 
 
 def _through_disk_formats(tree: object) -> object:

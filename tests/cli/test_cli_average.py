@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from aiayn import build_model
+from aiayn.checkpoint.state import save_checkpoint
 from aiayn.cli.main import main
 from aiayn.pretrained import load_pretrained
 from aiayn.tokenization.char import CharTokenizer
-from aiayn.checkpoint.state import save_checkpoint
 
 
 def _run_with_checkpoints(tmp_path: Path, n: int) -> tuple[Path, list[dict[str, torch.Tensor]], CharTokenizer]:

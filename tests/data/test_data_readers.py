@@ -30,7 +30,7 @@ def test_parallel_files_with_different_line_counts(tmp_path) -> None:
 
 def test_non_utf8_names_file_and_line(tmp_path) -> None:
     f = tmp_path / "bad.en"
-    f.write_bytes("ok\nstill ok ü\nbad \xff here\n".encode("utf-8").replace(b"\xc3\xbf", b"\xff"))
+    f.write_bytes("ok\nstill ok ü\nbad \xff here\n".encode().replace(b"\xc3\xbf", b"\xff"))
     with pytest.raises(DataError, match=r"bad\.en: line 3, byte column 5: invalid UTF-8 \(byte 0xff\)"):
         read_lines(f)
 

@@ -9,8 +9,7 @@ import os
 
 import pytest
 
-from aiayn.data import DATASETS, ENV_VAR, DataError, DownloadError, fetch_file, resolve_files
-from aiayn.data import verified
+from aiayn.data import DATASETS, ENV_VAR, DataError, DownloadError, fetch_file, resolve_files, verified
 from aiayn.data.datasets import DatasetSpec, RemoteFile
 
 pytestmark = pytest.mark.reliability

@@ -4,11 +4,10 @@ import math
 
 import pytest
 import torch
-
-from aiayn.decoding import BeamConfig, beam_search, greedy, length_penalty, right_pad, left_pad
-from aiayn.tokenization.special import EOS_ID as EOS
-
 from decoding_helpers import A, B, TableDecoder, enc_dec, gpt, random_rows
+
+from aiayn.decoding import BeamConfig, beam_search, greedy, left_pad, length_penalty, right_pad
+from aiayn.tokenization.special import EOS_ID as EOS
 
 # Next-token probabilities given the tokens generated so far (BOS not shown; A, B real tokens).
 TABLE = {

@@ -4,11 +4,10 @@ key padding over cache + new positions, cross-attention over a padded source).""
 
 import pytest
 import torch
+from decoding_helpers import enc_dec, gpt, random_rows
 
 from aiayn.decoding import CausalLMDecoder, Seq2SeqDecoder, left_pad, right_pad
-from aiayn.decoding.beam import beam_search, BeamConfig
-
-from decoding_helpers import enc_dec, gpt, random_rows
+from aiayn.decoding.beam import BeamConfig, beam_search
 
 POSITIONS = ["sinusoidal", "learned", "rotary", "alibi"]
 LENGTHS = [5, 2, 3]

@@ -4,12 +4,21 @@ import math
 
 import pytest
 import torch
+from decoding_helpers import A, B, TableDecoder, enc_dec, gpt, random_rows
 
-from aiayn.decoding import BeamConfig, CausalLMDecoder, GenerationConfig, Seq2SeqDecoder, beam_search, generate, greedy, left_pad, right_pad
+from aiayn.decoding import (
+    BeamConfig,
+    CausalLMDecoder,
+    GenerationConfig,
+    Seq2SeqDecoder,
+    beam_search,
+    generate,
+    greedy,
+    left_pad,
+    right_pad,
+)
 from aiayn.decoding.ensemble import EnsembleDecoder, mean_log_probs, mean_logits
 from aiayn.tokenization.special import EOS_ID as EOS
-
-from decoding_helpers import A, B, TableDecoder, enc_dec, gpt, random_rows
 
 SRC = torch.tensor([[7]])  # the fake decoders ignore their input
 

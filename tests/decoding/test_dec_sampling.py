@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from decoding_helpers import A, B, TableDecoder, enc_dec, gpt, random_rows
 
 from aiayn.decoding import GenerationConfig, generate, greedy, left_pad, logits_to_probs, right_pad
 from aiayn.decoding.processors import (
@@ -15,8 +16,6 @@ from aiayn.decoding.processors import (
     top_p_filter,
 )
 from aiayn.tokenization.special import EOS_ID as EOS
-
-from decoding_helpers import A, B, TableDecoder, enc_dec, gpt, random_rows
 
 INF = float("inf")
 

@@ -1,11 +1,10 @@
 """Streaming yields the same tokens as the non-streaming call, as they come."""
 
 import torch
+from decoding_helpers import gpt, random_rows
 
 from aiayn.decoding import GenerationConfig, TextStreamer, generate, generate_steps, left_pad, stream_text
 from aiayn.tokenization import CharTokenizer
-
-from decoding_helpers import gpt, random_rows
 
 CONFIG = GenerationConfig(max_new_tokens=10, temperature=1.5, top_k=20)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from loop_fixtures import lm_config, translation_config
 
+from aiayn.checkpoint.retention import RetentionConfig
 from aiayn.decoding.beam import BeamConfig
 from aiayn.evaluation import during_training
 from aiayn.evaluation.during_training import bleu_eval_hook
@@ -12,7 +13,6 @@ from aiayn.evaluation.metrics import evaluate_translation, translate_corpus
 from aiayn.training.config import LoopSection, TrainConfig
 from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
-from aiayn.checkpoint.retention import RetentionConfig
 
 
 def test_val_bleu_scores_greedy_translations_against_the_validation_references(tmp_path, monkeypatch):

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+from loop_fixtures import lm_config
 
 from aiayn.cli.main import main
 from aiayn.data import DataError
 from aiayn.evaluation import evaluate_translation
 from aiayn.training.loop import train
-from loop_fixtures import lm_config
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 

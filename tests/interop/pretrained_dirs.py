@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from interop_helpers import randomize
 
 transformers = pytest.importorskip("transformers")

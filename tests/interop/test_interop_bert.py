@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from interop_helpers import (
     assert_close_where,
     assert_state_dicts_equal,

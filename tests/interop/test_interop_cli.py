@@ -6,9 +6,8 @@ import json
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models
-
 from interop_helpers import EOS, assert_close_where, assert_state_dicts_equal, gpt2, marian, token_ids, transformers
+from tokenizers import Tokenizer, models
 
 from aiayn.cli.main import main
 from aiayn.interop import load_hf, to_hf

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from interop_helpers import gpt2, marian, transformers
 
 from aiayn.interop import ConfigError, KeyMapError, UnsupportedArchitecture, load_hf, save_hf, to_hf

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from interop_helpers import (
     EOS,
     assert_close_where,

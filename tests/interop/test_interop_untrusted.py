@@ -6,13 +6,12 @@ import json
 
 import pytest
 import torch
-
 from interop_helpers import gpt2
+from safetensors.torch import save_file
 
 from aiayn.checkpoint.errors import CorruptCheckpointError
 from aiayn.interop import KeyMapError, load_hf
 from aiayn.interop.hf_dir import write_hf_dir
-from safetensors.torch import save_file
 
 pytestmark = pytest.mark.reliability
 
@@ -64,7 +63,7 @@ def test_sharded_directory_still_loads_and_a_missing_shard_is_named(tmp_path):
     first, second = keys[: len(keys) // 2], keys[len(keys) // 2 :]
     save_file({k: state[k].contiguous() for k in first}, str(d / "model-00001-of-00002.safetensors"))
     save_file({k: state[k].contiguous() for k in second}, str(d / "model-00002-of-00002.safetensors"))
-    _shard(d, {**{k: "model-00001-of-00002.safetensors" for k in first}, **{k: "model-00002-of-00002.safetensors" for k in second}})
+    _shard(d, {**dict.fromkeys(first, "model-00001-of-00002.safetensors"), **dict.fromkeys(second, "model-00002-of-00002.safetensors")})
     assert load_hf(d).config.vocab_size == 61
     (d / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"shard 'model-00002-of-00002.safetensors' is missing"):

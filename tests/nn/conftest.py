@@ -1,7 +1,6 @@
 """Fixtures of the layer tests."""
 
 import pytest
-import torch
 
 
 @pytest.fixture

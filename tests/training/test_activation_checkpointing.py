@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 import torch
+from loop_fixtures import lm_config
 from torch import nn
 
 from aiayn.models.presets import model_class, preset
 from aiayn.training.activation_checkpointing import apply_activation_checkpointing
 from aiayn.training.loop import train
-from loop_fixtures import lm_config
 
 
 @pytest.mark.parametrize("name", ["tiny-decoder-only", "tiny-encoder-decoder", "tiny-encoder-only"])

@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from loop_fixtures import lm_config
 
 from aiayn.checkpoint.state import CorruptCheckpointWarning, list_checkpoints, verify_checkpoint
 from aiayn.training.loop import train
-from loop_fixtures import lm_config
 
 pytestmark = pytest.mark.reliability
 
@@ -117,8 +117,8 @@ def test_fp16_resume_restores_the_scaler_and_matches_a_straight_run(tmp_path, mo
 
 @pytest.mark.slow
 def test_a_non_finite_loss_on_one_rank_stops_both_and_names_the_rank(tmp_path):
-    from test_loop import ROOT, torchrun
     from loop_fixtures import save_config, translation_config
+    from test_loop import ROOT, torchrun
 
     path = save_config(translation_config(tmp_path, steps=6, dropout=0.0), tmp_path / "c.yaml")
     out = torchrun(str(ROOT / "tests" / "training" / "ddp_nonfinite_worker.py"), str(path), timeout=180)
@@ -151,11 +151,11 @@ def test_torchrun_max_restarts_resumes_after_a_rank_dies_and_matches_an_uninterr
     Each rank draws its own dropout masks; the checkpoint keeps every rank's generators and loader position
     (``rank-1.*``), so that the restarted rank 1 continues its own from the step-4 checkpoint."""
     import torch
+    from loop_fixtures import save_config, translation_config
+    from test_loop import ROOT, torchrun
 
     from aiayn.checkpoint.weights import read_safetensors
     from aiayn.training.metrics_log import read_metrics
-    from loop_fixtures import save_config, translation_config
-    from test_loop import ROOT, torchrun
 
     straight = save_config(translation_config(tmp_path / "a", steps=8, dropout=0.3, save_every=2), tmp_path / "a.yaml")
     assert (out := torchrun("-m", "aiayn", "train", str(straight))).returncode == 0, out.stderr[-3000:]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from loop_fixtures import save_config, translation_config
 
 from aiayn.checkpoint.weights import read_safetensors
 from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
-from loop_fixtures import save_config, translation_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from loop_fixtures import lm_config
 from torch import nn
 
 from aiayn.models.presets import model_class, preset
@@ -13,7 +14,6 @@ from aiayn.training.loop import train
 from aiayn.training.metrics_log import read_metrics
 from aiayn.training.muon import MuonWithAdamW, muon_split
 from aiayn.training.optim import OptimConfig, build_optimizer
-from loop_fixtures import lm_config
 
 MUON = OptimConfig(name="muon", lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0, muon_lr=0.02)
 

@@ -171,7 +171,7 @@ def test_build_optimizer_errors() -> None:
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="model Linear has no trainable parameters"):
         build_optimizer(frozen, OptimConfig(name="adam", lr=1.0))
-    with pytest.raises(ValueError, match="name='sgd' must be one of \('adam', 'adamw', 'muon'\)"):
+    with pytest.raises(ValueError, match=r"name='sgd' must be one of \('adam', 'adamw', 'muon'\)"):
         build_optimizer(nn.Linear(2, 2), OptimConfig(name="sgd", lr=1.0))  # type: ignore[arg-type]
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from loop_fixtures import lm_config
 
+from aiayn.inference.precision import native_bf16, parse_dtype
 from aiayn.training import precision as precision_module
 from aiayn.training.config import LoopSection
 from aiayn.training.loop import train
-from aiayn.inference.precision import native_bf16, parse_dtype
 from aiayn.training.precision import autocast_context, resolve_precision
 
 CPU = torch.device("cpu")
