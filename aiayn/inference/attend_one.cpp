@@ -145,7 +145,7 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   T* op = out.mutable_data_ptr<T>();
   constexpr float none = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(queries * dim), score(queries * all_keys), sum(queries * dim);
+    std::vector<float> query(queries * dim), score(queries * all_keys), sum(queries * dim), total(queries);
     std::vector<int64_t> seen(queries);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads, kv = h / group;
@@ -182,7 +182,6 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
         for (; s < seen[t]; ++s) dots<1>(kb + s * k_row, query.data() + t * dim, dim, 0, row + s);
       }
       // Each query's softmax over its own keys, then the value rows weighted by it, a group of queries at a time.
-      std::vector<float> total(queries);
       for (int64_t t = 0; t < queries; ++t) {
         float* row = score.data() + t * all_keys;
         float top = none;
