@@ -20,7 +20,8 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -58,6 +59,32 @@ class Row:
     tokens: list[int]
     acceptance: float | None = None
     forwards: int | None = None
+    prefill_s: list[float] = field(default_factory=list)  # each run's time in the target's prefill
+    forward_s: list[float] = field(default_factory=list)  # and in its forwards after it (steps, or checks)
+
+
+class TimeSplit:
+    """Times a target decoder's prefill (``start``) and its forwards (``step``, ``extend``) in a run, by wrapping them on
+    the instance: what a run spends outside them (choosing tokens, drafting, the decoders' bookkeeping) is the rest."""
+
+    def __init__(self, decoder: CausalLMDecoder) -> None:
+        self.prefill = self.forwards = 0.0
+        for name, part in (("start", "prefill"), ("step", "forwards"), ("extend", "forwards")):
+            setattr(decoder, name, self._timed(getattr(decoder, name), part))
+
+    def _timed(self, method: Callable[..., Tensor], part: str) -> Callable[..., Tensor]:
+        def timed(*args: object, **kwargs: object) -> Tensor:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                setattr(self, part, getattr(self, part) + time.perf_counter() - start)
+        return timed
+
+    def take(self) -> tuple[float, float]:
+        """The prefill's and the forwards' seconds since the last call."""
+        parts, self.prefill, self.forwards = (self.prefill, self.forwards), 0.0, 0.0
+        return parts
 
 
 def model_and_prompt(args: argparse.Namespace) -> tuple[nn.Module, Tensor]:
@@ -89,11 +116,16 @@ def run(args: argparse.Namespace) -> tuple[list[Row], int]:
     perfect = SpeculativeDecoder(CausalLMDecoder(model, static_cache=True), draft_tokens=args.draft_tokens)
     perfect.drafter = PerfectDrafts(answer, ids.shape[1])
     rows = [Row("plain", [], []), Row("prompt-lookup", [], []), Row("perfect-drafts", [], [])]
+    splits = [TimeSplit(plain), TimeSplit(lookup.target), TimeSplit(perfect.target)]
     for _ in range(args.repeats):  # interleaved: a change of machine load hits every row alike
-        for row, decoder in zip(rows, (plain, lookup, perfect)):
+        for row, decoder, split in zip(rows, (plain, lookup, perfect), splits):
+            split.take()
             start = time.perf_counter()
             out = generate(decoder, ids, None, config)
             row.seconds.append(time.perf_counter() - start)
+            prefill, forwards = split.take()
+            row.prefill_s.append(prefill)
+            row.forward_s.append(forwards)
             row.tokens = out.sequences()[0]
             if isinstance(decoder, SpeculativeDecoder):
                 row.acceptance, row.forwards = decoder.acceptance_rate, decoder.forwards
@@ -105,14 +137,20 @@ def report(rows: list[Row], args: argparse.Namespace, prompt_len: int) -> None:
     print(f"# speculative decoding, {cpu_summary()}, {args.threads} threads, {weights} weights, prompt {prompt_len} "
           f"tokens ({args.prompt_repeats}x a text), {args.new_tokens} greedy tokens, K={args.draft_tokens}, ngram={args.ngram}")
     base = statistics.median(rows[0].seconds)
-    print("| decoder | tok/s (median) | vs plain | same tokens | acceptance | target forwards |")
-    print("| --- | ---: | ---: | --- | ---: | ---: |")
+    print("| decoder | tok/s (median) | vs plain | same tokens | acceptance | target forwards | ms: prefill | forwards | the rest |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         median = statistics.median(row.seconds)
         same = "yes" if row.tokens == rows[0].tokens else "NO"
         acceptance = "—" if row.acceptance is None else f"{row.acceptance:.2f}"
         forwards = str(args.new_tokens) if row.forwards is None else str(row.forwards)
-        print(f"| {row.name} | {len(row.tokens) / median:.1f} | {base / median:.2f}x | {same} | {acceptance} | {forwards} |")
+        prefill, forward = statistics.median(row.prefill_s), statistics.median(row.forward_s)
+        rest = statistics.median(total - a - b for total, a, b in zip(row.seconds, row.prefill_s, row.forward_s))
+        print(f"| {row.name} | {len(row.tokens) / median:.1f} | {base / median:.2f}x | {same} | {acceptance} | {forwards} "
+              f"| {prefill * 1e3:.2f} | {forward * 1e3:.2f} | {rest * 1e3:.2f} |")
+    print("ms: each part's median over the runs; prefill: the target decoder's start; forwards: its step (plain) or "
+          "extend (a check) calls after it, their own Python included; the rest: choosing each token, drafting and the "
+          "speculative decoder's bookkeeping")
 
 
 def main(argv: list[str] | None = None) -> list[Row]:

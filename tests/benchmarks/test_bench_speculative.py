@@ -1,6 +1,6 @@
 """benchmarks/speculative.py runs (a tiny random model): plain, prompt-lookup and perfect-drafts rows, the drafted
-rows with plain greedy's tokens in fp32, drafts known to be right all accepted in fewer forwards than tokens; the
-weights' dtype is taken."""
+rows with plain greedy's tokens in fp32, drafts known to be right all accepted in fewer forwards than tokens, each
+run's time split into the prefill, the forwards and the rest; the weights' dtype is taken."""
 
 from bench_scripts import load_benchmark
 
@@ -11,5 +11,9 @@ def test_the_rows_and_the_same_tokens(capsys):
     assert [row.name for row in rows] == ["plain", "prompt-lookup", "perfect-drafts"]
     assert all(row.tokens == rows[0].tokens for row in rows) and len(rows[0].tokens) == 16
     assert rows[2].acceptance == 1.0 and rows[2].forwards < 16
+    for row in rows:  # the split of each run's time: a prefill and forwards inside it
+        assert len(row.prefill_s) == len(row.forward_s) == len(row.seconds) == 1
+        assert 0 < row.prefill_s[0] and 0 < row.forward_s[0] and row.prefill_s[0] + row.forward_s[0] < row.seconds[0]
+    assert "| ms: prefill | forwards | the rest |" in capsys.readouterr().out
     rows = bench.main(["--quick", "--threads", "1", "--dtype", "bfloat16"])
     assert "bfloat16 weights" in capsys.readouterr().out and len(rows[0].tokens) == 16
