@@ -157,9 +157,10 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
       const T* kb = kp + b * k.stride(0) + kv * k.stride(1);
       const T* vb = vp + b * v.stride(0) + kv * v.stride(1);
       const bool* allowed = mask ? mask + b * mask_row : nullptr;
+      const T* qb = qp + b * q.stride(0) + h * q.stride(1);  // query t's row: qb + t * q.stride(2)
       for (int64_t t = 0; t < queries; ++t) {
         seen[t] = causal ? all_keys - queries + t + 1 : all_keys;
-        const T* qr = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
+        const T* qr = qb + t * q.stride(2);
         for (int64_t d = 0; d < dim; ++d) query[t * dim + d] = static_cast<float>(qr[d]) * static_cast<float>(scale);
       }
       // The scores: query t's with keys s < seen[t], each sum as dots() makes it (dots16(): sixteen keys at a time).
@@ -169,8 +170,7 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 #if defined(__AVX512BF16__)
         if constexpr (std::is_same_v<T, at::BFloat16>) {
           if (dim % 32 == 0) {  // bf16 keys and query multiplied in pairs, summed in fp32 (AVX512-BF16), then scaled
-            const T* qr = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
-            for (; s < seen[t]; ++s) row[s] = dot_bf16(kb + s * k_row, qr, dim) * static_cast<float>(scale);
+            for (; s < seen[t]; ++s) row[s] = dot_bf16(kb + s * k_row, qb + t * q.stride(2), dim) * static_cast<float>(scale);
           }
         }
 #endif
