@@ -393,9 +393,10 @@ def _time_training_attention(dtype: torch.dtype, shape: tuple[int, ...], causal:
 
 
 def choose_model_attention(model: nn.Module) -> dict[tuple[torch.dtype, int, int], str]:
-    """Time (or read) the backend of one query and of a check's few for each attention shape of ``model`` at its dtype,
-    and register them in :data:`aiayn.nn.attention.ONE_QUERY` and :data:`~aiayn.nn.attention.FEW_QUERY`, where the
-    ``auto`` backend reads them; returns the one-query choices. A model on another device than the CPU registers nothing."""
+    """Time (or read) the backend of one query and, for a model that decodes over a cache, of a check's few for each
+    attention shape of ``model`` at its dtype, and register them in :data:`aiayn.nn.attention.ONE_QUERY` and
+    :data:`~aiayn.nn.attention.FEW_QUERY`, where the ``auto`` backend reads them; returns the one-query choices. A model
+    on another device than the CPU registers nothing."""
     from aiayn.nn import attention
     from aiayn.nn.multihead import MultiHeadAttention
 
@@ -406,7 +407,8 @@ def choose_model_attention(model: nn.Module) -> dict[tuple[torch.dtype, int, int
     shapes = sorted({(dtype, m.n_heads, m.head_dim) for m in model.modules() if isinstance(m, MultiHeadAttention)}, key=str)
     chosen = dict(zip(shapes, choose_attention(shapes)))
     attention.ONE_QUERY.update(chosen)
-    attention.FEW_QUERY.update(zip(shapes, choose_attention(shapes, queries=attention.FEW_QUERIES)))
+    if hasattr(model, "new_cache"):  # a model that decodes over a cache: speculative checks may run (an encoder's never do)
+        attention.FEW_QUERY.update(zip(shapes, choose_attention(shapes, queries=attention.FEW_QUERIES)))
     return chosen
 
 

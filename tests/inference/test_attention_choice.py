@@ -12,7 +12,6 @@ import torch
 
 from aiayn.inference import kernel_choice
 from aiayn.nn import attention
-from aiayn.nn.multihead import MultiHeadAttention
 
 
 @pytest.fixture
@@ -99,11 +98,18 @@ def test_auto_reads_the_choice_only_for_one_query_at_inference_on_the_cpu(cache)
 
 def test_a_check_reads_its_own_choice_timed_at_its_queries(cache, two_backends, monkeypatch):
     """A few causal queries (speculative decoding's check) take the choice timed at FEW_QUERIES causal queries, cached
-    under its own name, and the one-query choice where that shape has none."""
+    under its own name, and the one-query choice where that shape has none; an encoder (which never checks drafts)
+    times one query only."""
+    from aiayn import build_model
+
     calls = []
     monkeypatch.setattr(kernel_choice, "_time_attention", lambda dtype, heads, dim, names, queries: calls.append(queries)
                         or ({"sdpa": 1.0, "math": 2.0} if queries == 1 else {"sdpa": 2.0, "math": 1.0}))
-    model = torch.nn.Sequential(MultiHeadAttention(8, 2))  # two heads of 4
+    encoder = build_model("tiny-encoder-only", vocab_size=40, n_heads=2)  # two heads of 16
+    assert kernel_choice.choose_model_attention(encoder) == {(torch.float32, 2, 16): "sdpa"}
+    assert calls == [1] and attention.FEW_QUERY == {}
+    calls.clear()
+    model = build_model("tiny-decoder-only", vocab_size=40, d_model=8, n_heads=2)  # two heads of 4
     assert kernel_choice.choose_model_attention(model) == {(torch.float32, 2, 4): "sdpa"}
     assert calls == [1, attention.FEW_QUERIES] and attention.FEW_QUERY == {(torch.float32, 2, 4): "math"}
     assert json.loads(cache.read_text())[kernel_choice.machine_key()][
