@@ -46,7 +46,7 @@ class PerfectDrafts:
     def start(self, ids: Tensor, mask: Tensor | None, max_new_tokens: int | None) -> object:
         return None
 
-    def propose(self, sequence: Tensor, count: int, run: object, config: object, generator: object) -> tuple[list[int], list]:
+    def propose(self, sequence: list[int], count: int, run: object, config: object, generator: object) -> tuple[list[int], list]:
         done = len(sequence) - self.prefix
         drafts = self.answer[done : done + count]
         return drafts, [None] * len(drafts)

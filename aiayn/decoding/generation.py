@@ -74,29 +74,38 @@ def generate_steps(
     device = logits.device
     n_generated = torch.zeros(batch, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    every_row = torch.ones(batch, dtype=torch.bool, device=device)  # what each step emits until a row finishes
+    some_finished = False  # whether a row has finished: until then a step masks nothing (a few us a token saved)
     texts = _StopStrings(config.stop_strings, detokenize, batch) if config.stop_strings and detokenize else None  # checked above
     limits = set(state.max_new_tokens.tolist())  # the steps where a row reaches its length limit
     for step in range(1, max(limits) + 1):
         tokens = choose(logits, state, n_generated, config, generator)
-        emitted = ~finished
-        tokens = tokens.masked_fill(finished, config.pad_id)
-        n_generated += emitted.long()
+        if some_finished:
+            emitted = ~finished
+            tokens = tokens.masked_fill(finished, config.pad_id)
+            n_generated += emitted.long()
+        else:
+            emitted = every_row
+            n_generated += 1
         stopped: dict[int, str] = {}
-        done = torch.zeros_like(finished)
         # The host reads the device's answer only at a step where a row may stop: every step when
         # EOS or stop strings can end a row, else only at the length limits.
-        if config.eos_id is not None:
-            done = emitted & (tokens == config.eos_id)
+        done = emitted & (tokens == config.eos_id) if config.eos_id is not None else None  # the rows that stop now
+        if done is not None:
             stopped.update((b, STOP_EOS) for b in done.nonzero().flatten().tolist())
         if texts is not None:
+            done = done if done is not None else torch.zeros_like(finished)
             for b in texts.update(tokens, emitted & ~done):
                 stopped[b] = STOP_STRING
                 done[b] = True
         if step in limits:
-            at_limit = emitted & ~done & (n_generated >= state.max_new_tokens)
+            at_limit = emitted & (n_generated >= state.max_new_tokens)
+            at_limit = at_limit if done is None else at_limit & ~done
             stopped.update((b, STOP_LENGTH) for b in at_limit.nonzero().flatten().tolist())
-            done |= at_limit
-        finished |= done
+            done = at_limit if done is None else done | at_limit
+        if done is not None and stopped:  # every row done now is in stopped
+            finished |= done
+            some_finished = True
         yield GenerationStep(tokens, emitted, stopped)
         if stopped and bool(finished.all()):
             return

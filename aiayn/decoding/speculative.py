@@ -95,9 +95,9 @@ class Drafter(Protocol):
     def start(self, ids: Tensor, mask: Tensor | None, max_new_tokens: int | None) -> object: ...
 
     def propose(
-        self, sequence: Tensor, count: int, run: object, config: GenerationConfig | None, generator: torch.Generator | None
+        self, sequence: list[int], count: int, run: object, config: GenerationConfig | None, generator: torch.Generator | None
     ) -> tuple[list[int], list[Tensor | None]]:
-        """Up to ``count`` draft tokens after ``sequence (L,)``, and the distribution ``(1, V)`` each was drawn
+        """Up to ``count`` draft tokens after ``sequence`` (the ids so far, padding left out), and the distribution ``(1, V)`` each was drawn
         from (``None``: chosen outright, a point mass)."""
         ...
 
@@ -113,9 +113,9 @@ class PromptLookup:
         return None
 
     def propose(
-        self, sequence: Tensor, count: int, run: object, config: GenerationConfig | None, generator: torch.Generator | None
+        self, sequence: list[int], count: int, run: object, config: GenerationConfig | None, generator: torch.Generator | None
     ) -> tuple[list[int], list[Tensor | None]]:
-        drafts = lookup_continuation(sequence.tolist(), self.ngram, count)
+        drafts = lookup_continuation(sequence, self.ngram, count)
         return drafts, [None] * len(drafts)
 
 
@@ -135,17 +135,17 @@ class DraftModel:
         return state
 
     def propose(
-        self, sequence: Tensor, count: int, run: object, config: GenerationConfig | None, generator: torch.Generator | None
+        self, sequence: list[int], count: int, run: object, config: GenerationConfig | None, generator: torch.Generator | None
     ) -> tuple[list[int], list[Tensor | None]]:
         if not isinstance(run, DecodeState):  # the run outgrows the draft model's learned positions
             return [], []
         decoder = self.decoder
         assert isinstance(decoder, (CausalLMDecoder, Seq2SeqDecoder))
-        fed = run.tokens[0]
-        same = int((fed[: len(sequence)] == sequence[: len(fed)]).long().cumprod(0).sum())  # the common prefix
+        fed = run.tokens[0].tolist()
+        same = next((i for i, (a, b) in enumerate(zip(fed, sequence)) if a != b), min(len(fed), len(sequence)))  # the common prefix
         same = min(same, len(sequence) - 1)  # feed at least the last token: its logits come next
         run.crop(same)
-        logits = decoder.extend(sequence[None, same:].to(fed.device), run)[:, -1]  # (1, V)
+        logits = decoder.extend(torch.tensor([sequence[same:]], device=run.tokens.device), run)[:, -1]  # (1, V)
         drafts: list[int] = []
         probs: list[Tensor | None] = []
         for index in range(count):
@@ -176,7 +176,8 @@ class SpeculativeState(DecodeState):
     the drafts still unconfirmed (``checked``); ``run``: the drafter's per-run state; ``prefix``: prompt columns;
     ``config``/``generator``: the run's settings, recorded by :meth:`SpeculativeDecoder.choose` (``None``: greedy drafts);
     ``plain``: decode without drafts (the run outgrows learned positions); ``draft_length``: the drafts asked
-    for next (see :meth:`SpeculativeDecoder.step`); ``drafted``: how many the last forward checked."""
+    for next (see :meth:`SpeculativeDecoder.step`); ``drafted``: how many the last forward checked; ``history``: the ids
+    emitted so far, padding left out, as the drafters read them (a list: one append a token, no copy)."""
 
     inner: DecodeState | None = None
     checked: list[_Checked] = field(default_factory=list)
@@ -187,6 +188,7 @@ class SpeculativeState(DecodeState):
     config: GenerationConfig | None = None
     generator: torch.Generator | None = None
     plain: bool = False
+    history: list[int] = field(default_factory=list)
 
 
 class SpeculativeDecoder:
@@ -256,7 +258,7 @@ class SpeculativeDecoder:
             tokens=inner.tokens, mask=inner.mask, max_new_tokens=inner.max_new_tokens, pads=inner.pads,
             inner=inner, run=self.drafter.start(ids, mask, max_new_tokens), prefix=inner.tokens.shape[1],
             plain=isinstance(self.target, CausalLMDecoder) and not _fits(self.target.model, ids, max_new_tokens),
-            draft_length=self.draft_tokens,
+            draft_length=self.draft_tokens, history=inner.tokens[0][inner.mask[0]].tolist(),
         )
         if state.plain:
             log.info("speculative decoding: prompt + max_new_tokens outgrow learned positions; decoding this run plainly")
@@ -277,41 +279,44 @@ class SpeculativeDecoder:
             draft = torch.tensor([checked[0].token], device=logits.device)
             q = checked[0].q.to(logits.device)
             token = accept_or_resample(next_token_probs(logits, state, n_generated, config), q, draft, generator)
-        if checked and int(token[0]) == checked[0].token:
+        if checked and int(token.item()) == checked[0].token:
             self.accepted += 1  # counted here: the last token is chosen but never fed
         return token
 
-    @torch.no_grad()
     def step(self, tokens: Tensor, state: DecodeState) -> Tensor:
         """Feed the emitted token ``(1,)``: the logits checked with it if it is the next draft, else draft
-        again after it and check the drafts in one forward of the target."""
+        again after it and check the drafts in one forward of the target. (Not under ``no_grad`` itself: the target's
+        forwards and the draft model's are; a token taken from a check computes nothing.)"""
         if not isinstance(state, SpeculativeState) or state.inner is None:
             raise ValueError("state was not made by SpeculativeDecoder.start")
-        state.append(tokens)
         if state.plain:
+            state.append(tokens)
             return self.target.step(tokens, state.inner)
-        token = int(tokens[0])
+        token = int(tokens.item())
+        state.history.append(token)
+        inner, length = state.inner, state.tokens.shape[1] + 1
         if state.checked and state.checked[0].token == token:
+            # the target was fed this draft at the next column: the sequence is a view of the target's (no copy a token)
+            state.tokens, state.mask = inner.tokens[:, :length], inner.mask[:, :length]
             return state.checked.pop(0).logits
-        inner = state.inner
-        inner.crop(state.tokens.shape[1] - 1)  # forget the drafts not taken
+        inner.crop(length - 1)  # forget the drafts not taken
         if state.drafted:  # a draft still unconfirmed was rejected: ask for fewer; none left: all accepted, ask for more
             shorter, longer = max(1, state.draft_length - 1), min(self.draft_tokens, state.draft_length + 2)
             state.draft_length = shorter if state.checked else longer
         state.checked = []
-        remaining = int(state.max_new_tokens[0]) - (state.tokens.shape[1] - state.prefix)  # tokens still to emit
+        remaining = int(state.max_new_tokens[0]) - (length - state.prefix)  # tokens still to emit
         drafts: list[int] = []
         probs: list[Tensor | None] = []
         if remaining > 0:
-            sequence = state.tokens[0][state.mask[0]]
-            drafts, probs = self.drafter.propose(sequence, min(state.draft_length, remaining), state.run, state.config, state.generator)
+            drafts, probs = self.drafter.propose(state.history, min(state.draft_length, remaining), state.run, state.config, state.generator)
         fed = torch.tensor([[token, *drafts]], dtype=torch.long, device=inner.tokens.device)
-        logits = self.target.extend(fed, inner)  # (1, 1 + len(drafts), V)
+        rows = self.target.extend(fed, inner).unbind(1)  # each fed token's logits (1, V)
+        state.tokens, state.mask = inner.tokens[:, :length], inner.mask[:, :length]  # the token is the target's, at length - 1
         self.forwards += 1
         self.drafted += len(drafts)
         state.drafted = len(drafts)
-        state.checked = [_Checked(d, q, logits[:, i + 1]) for i, (d, q) in enumerate(zip(drafts, probs))]
-        return logits[:, 0]
+        state.checked = [_Checked(d, q, row) for d, q, row in zip(drafts, probs, rows[1:])]
+        return rows[0]
 
     def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
         raise ValueError("speculative decoding decodes one sequence and does not reorder rows (beam search): "
