@@ -122,6 +122,9 @@ class TrainerState:
     metrics: dict[str, float]
     best: BestValue | None
     scaler: dict[str, Any] | None = None  # fp16's GradScaler (scale, growth tracker); None without one
+    # the kernels the run computed with, as aiayn.inference.kernel_choice.choices_made gives them: a resume takes them
+    # back (pin_choices); None in checkpoints saved before they were recorded
+    kernels: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +215,7 @@ def state_files(
         "metrics": _check_metrics(metrics or {}),
         "best": None if best is None else dataclasses.asdict(best),
         "scaler": None if scaler is None else dict(scaler),
+        "kernels": _kernel_choices(),
     }
     files = [
         (CONFIG_FILE, _constant(json_bytes(_config_dict(config), "config"))),
@@ -226,6 +230,20 @@ def state_files(
         files.append((tensors_name, _constant(tensors_to_bytes(state.rng.tensors))))
         files.append((json_name, _constant(json_bytes({"rng": state.rng.meta, "data": state.data}, f"state of rank {rank}"))))
     return files + _extra_files(extra_files)
+
+
+def _kernel_choices() -> dict[str, Any]:
+    """The kernels this process chose (a resume computes with the same: :func:`aiayn.inference.kernel_choice.pin_choices`)."""
+    from aiayn.inference.kernel_choice import choices_made  # here: kernel_choice imports this package
+
+    return choices_made()
+
+
+def _checked_kernels(record: Any) -> dict[str, Any] | None:
+    """A trainer record's kernels, checked (``ValueError`` for another form: the file is then corrupt)."""
+    from aiayn.inference.kernel_choice import check_choice_record
+
+    return None if record is None else check_choice_record(record, "kernels")
 
 
 def _constant(data: bytes) -> Callable[[], bytes]:
@@ -351,6 +369,7 @@ def _trainer_state(d: dict[str, Any]) -> TrainerState:
         metrics=dict(d["metrics"]),
         best=None if d["best"] is None else BestValue(**d["best"]),
         scaler=d.get("scaler"),  # absent from checkpoints saved before fp16 scaling was recorded
+        kernels=_checked_kernels(d.get("kernels")),  # absent from checkpoints saved before the kernels were recorded
     )
 
 

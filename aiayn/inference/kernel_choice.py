@@ -48,7 +48,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence, TypeVar
+from typing import Any, Callable, NamedTuple, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +72,7 @@ from aiayn.untrusted import read_json_file
 __all__ = [
     "ACTIVATION", "ACTIVATION_ENV_VAR", "ATTENTION", "ATTENTION_ENV_VAR", "CHOICES", "LOSS_ENV_VAR", "NORM_ENV_VAR", "NATIVE_OPS", "OPERATORS", "adopt_native", "attention_candidates", "choose_gelu_tanh", "choose_norm", "choose_native", "choose_huge_pages", "huge_page_kernels", "ENV_VAR", "WEIGHT_ONLY_KERNELS", "WEIGHT_ONLY_ONE_ROW", "KERNELS", "MANY_ROWS", "ONE_ROW", "TRAINING", "many_row_kernels",
     "ROW_SPLITS", "TRAINING_ATTENTION", "TRAINING_ATTENTION_ENV_VAR", "attention_mode", "choose_training_attention", "training_attention_candidates", "cache_path", "choose_attention", "choose_row_splits", "choose_int4_kernels", "choose_int8_kernels", "choose_kernels", "choose_model_attention",
-    "cached_choices", "choose_training_kernels", "cpu_seconds", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
+    "cached_choices", "check_choice_record", "choices_made", "choose_training_kernels", "cpu_seconds", "pin_choices", "kernel_mode", "one_row_kernels", "machine_key", "remember_choices",
 ]
 
 log = logging.getLogger(__name__)
@@ -690,18 +690,64 @@ Item = TypeVar("Item")
 
 def _cached(shapes: list[str], items: Sequence[Item], valid: tuple[str, ...], timed: Callable[[Item], tuple[str, str]],
             what: str, env: str = ENV_VAR) -> list[str]:
-    """The choice for each of ``shapes`` (one of ``valid``): from the cache, else ``timed(item)`` -> (choice, the
-    timings in words), each distinct shape once; new choices logged in one INFO line (naming ``env``, the override)
-    and written back."""
+    """The choice for each of ``shapes`` (one of ``valid``): pinned (:func:`pin_choices`), else from the cache, else
+    ``timed(item)`` -> (choice, the timings in words), each distinct shape once; new choices logged in one INFO line
+    (naming ``env``, the override) and written back. Every answer is kept for :func:`choices_made`."""
     known = cached_choices(valid)
+    pinned = {shape: choice for shape, choice in _PINNED.items() if choice in valid}
     lines: list[str] = []
     start = cpu_seconds()
     for shape, item in zip(shapes, items):
-        if shape not in known:
+        if shape not in known and shape not in pinned:
             known[shape], words = timed(item)
             lines.append(f"{shape}: {words}")
     remember_choices(known, lines, start, what, env)
-    return [known[shape] for shape in shapes]
+    chosen = [pinned[shape] if shape in pinned else known[shape] for shape in shapes]
+    _MADE.update(zip(shapes, chosen))
+    return chosen
+
+
+# Every choice this process made or read (:func:`_cached`), by its cache name; and those a resumed training run took
+# from its checkpoint (:func:`pin_choices`), obeyed over the cache and timing.
+_MADE: dict[str, str] = {}
+_PINNED: dict[str, str] = {}
+
+
+def choices_made() -> dict[str, Any]:
+    """The kernel choices this process made, for a checkpoint (``{"machine": machine_key(), "choices": {name: choice}}``):
+    a resumed run takes them back (:func:`pin_choices`), so that it computes with the kernels the run began with. Timed
+    again in the new process they could differ (a choice timed while other work ran is not cached), and two kernels
+    sum in different orders: the resumed run would not be the uninterrupted one bit for bit."""
+    return {"machine": machine_key(), "choices": dict(sorted(_MADE.items()))}
+
+
+def check_choice_record(record: Any, where: str) -> dict[str, Any]:
+    """``record`` if it has :func:`choices_made`'s form, else ``ValueError`` naming ``where``."""
+    if not (isinstance(record, dict) and isinstance(record.get("machine"), str) and isinstance(record.get("choices"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in record["choices"].items())):
+        raise ValueError(f"{where}: kernels must be {{'machine': str, 'choices': {{name: kernel}}}}, got {record!r}")
+    return record
+
+
+def pin_choices(record: Any, where: str = "the checkpoint") -> bool:
+    """Obey ``record`` (a :func:`choices_made` result) over the cache and timing in this process, in place of what was
+    pinned before, where it was made on this machine (:func:`machine_key`); elsewhere the kernels are this machine's
+    own, with a warning (a run resumed on another CPU is not bit for bit anyway). ``None`` unpins (a run that does not
+    resume). Returns whether ``record`` was taken. ``ValueError`` for a record of another form."""
+    _PINNED.clear()
+    if record is None:
+        return False
+    check_choice_record(record, where)
+    if record["machine"] != machine_key():
+        log.warning("%s chose its kernels on another machine (%s); this one (%s) chooses its own: the resumed run is not "
+                    "bit for bit with an uninterrupted one", where, record["machine"], machine_key())
+        return False
+    _PINNED.update(record["choices"])
+    _NATIVE_CHOSEN.clear()  # this process's answers so far give way to the record's
+    _TRAINING_CHOSEN.clear()
+    if record["choices"]:
+        log.info("kernels as %s chose them: %s", where, "; ".join(f"{k}: {v}" for k, v in record["choices"].items()))
+    return True
 
 
 def cached_choices(valid: tuple[str, ...]) -> dict[str, str]:

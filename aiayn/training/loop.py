@@ -40,7 +40,7 @@ from aiayn.checkpoint.state import (
 from aiayn.config_io import save_yaml
 from aiayn.data.batching import padded_length
 from aiayn.evaluation.during_training import bleu_eval_hook
-from aiayn.inference.kernel_choice import adopt_native, choose_native
+from aiayn.inference.kernel_choice import adopt_native, choose_native, pin_choices
 from aiayn.models.config import TransformerConfig, with_defaults
 from aiayn.models.presets import model_class
 from aiayn.nn.embedding import use_row_gradients
@@ -190,6 +190,9 @@ def _train(
         raise ValueError(f"train.precision={loop.precision} trains in one process without train.compile (its bf16 copies "
                          "are not what DDP, FSDP or torch.compile see); use train.precision=bf16 (autocast) there")
     torch.manual_seed(loop.seed)  # same initial weights on every rank
+    # a resume computes with the kernels its run began with (bit for bit); a new run with its own
+    pin_choices(checkpoint.trainer.kernels if checkpoint is not None and checkpoint.trainer is not None else None,
+                str(checkpoint.path) if checkpoint is not None else "")
     init = read_init(loop.init_from) if loop.init_from and checkpoint is None else None
     if init is not None:
         check_family(init, config.model.family)

@@ -447,3 +447,19 @@ def test_a_sharded_save_writes_what_a_plain_one_does_and_resumes_the_scaler(tmp_
         load_checkpoint(sharded)
     with pytest.raises(ValueError, match="plain checkpoint .* train.parallel=fsdp resumes only"):
         load_checkpoint(plain, sharded=True)
+
+
+def test_the_trainer_record_holds_the_kernels_chosen_and_a_malformed_record_is_corrupt(tmp_path: Path) -> None:
+    """A checkpoint records the kernels its run chose (a resume pins them: tests/training/test_loop.py); a record of
+    another form makes trainer.json corrupt, naming it."""
+    from aiayn.checkpoint.state import read_trainer_state
+    from aiayn.inference.kernel_choice import choices_made
+
+    model, opt, sched = _setup(0)
+    path = save_checkpoint(tmp_path, step=1, model=model, optimizer=opt, config=TinyConfig(), scheduler=sched)
+    loaded = load_checkpoint(path)
+    assert loaded.trainer is not None and loaded.trainer.kernels == choices_made()
+    trainer = json.loads((path / "trainer.json").read_text())
+    (path / "trainer.json").write_text(json.dumps({**trainer, "kernels": {"machine": "x", "choices": {"a": 1}}}))
+    with pytest.raises(CorruptCheckpointError, match="trainer.json.*kernels must be"):
+        read_trainer_state(path)

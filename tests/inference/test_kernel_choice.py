@@ -295,3 +295,34 @@ def test_other_work_is_measured_from_proc_stat():
     finally:
         spinner.kill()
     assert other > 0.5
+
+
+def test_pinned_choices_are_obeyed_over_the_cache_recorded_and_refused_from_another_machine(cache, monkeypatch, caplog):
+    """A resumed training run computes with the kernels its checkpoint recorded (choices_made -> pin_choices), whatever
+    the cache says now (a choice timed while other work ran is not cached, and may come out otherwise next time)."""
+    monkeypatch.setattr(kernel_choice, "_PINNED", {})
+    monkeypatch.setattr(kernel_choice, "_MADE", {})
+    shape = "8->4 float32 1|8 rows, ours to 8, prefetch first"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({kernel_choice.machine_key(): {shape: "plain/plain"}}))
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: pytest.fail("timed a decided shape"))
+    record = {"machine": kernel_choice.machine_key(), "choices": {shape: "split/packed"}}
+    assert kernel_choice.pin_choices(record, "step-000004")
+    model = nn.Sequential(nn.Linear(8, 4))
+    pack_linears(model)
+    assert kinds(model) == ["split/packed"]
+    assert kernel_choice.choices_made() == record  # what a checkpoint of this run records
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()] == {shape: "plain/plain"}  # the cache keeps its own
+
+    with caplog.at_level(logging.WARNING, logger="aiayn.inference.kernel_choice"):
+        assert not kernel_choice.pin_choices({**record, "machine": "another CPU"}, "step-000004")
+    assert "chose its kernels on another machine" in caplog.text
+    other = nn.Sequential(nn.Linear(8, 4))
+    pack_linears(other)
+    assert kinds(other) == ["plain/plain"]  # this machine's own (the cache's)
+    kernel_choice.pin_choices(record)
+    kernel_choice.pin_choices(None)  # a run that does not resume unpins
+    pack_linears(third := nn.Sequential(nn.Linear(8, 4)))
+    assert kinds(third) == ["plain/plain"]
+    with pytest.raises(ValueError, match="step-000004: kernels must be"):
+        kernel_choice.pin_choices({"machine": 3}, "step-000004")

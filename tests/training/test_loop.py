@@ -74,6 +74,34 @@ def test_exact_resume_in_a_fresh_process(tmp_path, caplog):
         assert torch.equal(weights_a[name], weights_b[name]), name
 
 
+@pytest.mark.reliability
+def test_a_resume_computes_with_the_kernels_its_checkpoint_recorded(tmp_path, monkeypatch):
+    """The loss kernel chosen by timing (torch's), recorded in the checkpoint; the cache then gone and the timing now
+    favouring ours: the resumed run still computes with torch's, as the run began (bit for bit needs the same kernels)."""
+    from aiayn.inference import kernel_choice
+
+    monkeypatch.setattr(kernel_choice, "cache_path", lambda: tmp_path / "kernels.json")  # (the native library's build stays)
+    monkeypatch.setenv("AIAYN_LOSS_KERNEL", "measure")
+    for name in ("_PINNED", "_MADE", "_NATIVE_CHOSEN"):
+        monkeypatch.setattr(kernel_choice, name, {})
+    monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
+    monkeypatch.setattr(kernel_choice, "_others_share", lambda start, end: 0.0)
+    monkeypatch.setattr(kernel_choice, "_time_cross_entropy", lambda dtype, rounds=5: {"torch": 1.0, "native": 2.0})
+    config = lm_config(tmp_path, steps=2, save_every=1, eval_every=2)
+    train(replace_loop(config, stop_after=1))
+    record = load_checkpoint(tmp_path / "run" / "step-000001").trainer.kernels
+    loss = "cross_entropy float32 (torch/native)"
+    assert record == {"machine": kernel_choice.machine_key(), "choices": {loss: "torch"}}
+
+    kernel_choice.cache_path().unlink()
+    kernel_choice._NATIVE_CHOSEN.clear()  # a new process
+    monkeypatch.setattr(kernel_choice, "_time_cross_entropy", lambda dtype, rounds=5: pytest.fail("timed a recorded choice"))
+    result = train(config)  # resumes at step 1
+    assert result.last_checkpoint is not None and result.last_checkpoint.name == "step-000002"
+    assert kernel_choice._NATIVE_CHOSEN["cross_entropy", torch.float32] == "torch"
+    assert load_checkpoint(result.last_checkpoint).trainer.kernels == record
+
+
 def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'training'}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
