@@ -155,7 +155,7 @@ class NativeStep:
 
     def _run(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None,
              offset: Tensor | int) -> tuple[Tensor, Tensor | None]:
-        """:meth:`logits`, and each row's argmax where the step made it (one position a row, fp32 logits), else ``None``."""
+        """:meth:`logits`, and each row's argmax where the step made it (one position a row, fp32 or bf16 logits), else ``None``."""
         chosen = self._plan(model, tokens, cache)
         if chosen is None or cache is None:
             return model(tokens, key_mask, cache=cache, offset=offset), None

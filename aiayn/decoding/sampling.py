@@ -95,6 +95,12 @@ class GenerationConfig:
             rule(is_int(self.eos_id) and self.eos_id >= 0, "eos_id", self.eos_id, "must be an integer >= 0 or None")
         rule(is_int(self.pad_id) and self.pad_id >= 0, "pad_id", self.pad_id, "must be an integer >= 0")
 
+    @property
+    def changes_logits(self) -> bool:
+        """Whether :func:`processed_logits` changes anything: a logit bias, a penalty, the n-gram block or ``min_new_tokens``."""
+        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.no_repeat_ngram_size or (self.min_new_tokens and self.eos_id is not None))
+
 
 def logits_to_probs(
     logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, min_p: float | None = None
@@ -175,7 +181,11 @@ def next_token_probs(logits: Tensor, state: DecodeState, n_generated: Tensor, co
 
 
 def processed_logits(logits: Tensor, state: DecodeState, n_generated: Tensor, config: GenerationConfig) -> Tensor:
-    """``logits (B, V)`` after the logit bias, the penalties, the n-gram block and ``min_new_tokens``."""
+    """``logits (B, V)`` after the logit bias, the penalties, the n-gram block and ``min_new_tokens``, in fp32; as they are
+    where none applies (greedy's argmax and :func:`logits_to_probs` take bf16 as they are: a bf16 model's step then copies
+    no 50k logits to fp32, and its own argmax of them is kept for greedy's pick, :func:`remember_argmax`)."""
+    if not config.changes_logits:
+        return logits
     logits = add_logit_bias(logits.float(), config.logit_bias)
     if config.presence_penalty or config.frequency_penalty:
         logits = apply_presence_frequency_penalties(logits, state.tokens, n_generated, config.presence_penalty, config.frequency_penalty)

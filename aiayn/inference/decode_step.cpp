@@ -290,7 +290,7 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   // input -> (B, T, D) after the last layer (and the final norm), or the logits (B, T, V) where the plan holds the output
-  // projection, and, with the logits of one position a row, each row's largest (argmax.cpp: greedy's pick, made here
+  // projection, and, with the logits of one position a row (fp32 or bf16), each row's largest (argmax.cpp: greedy's pick, made here
   // while the logits are in the cache; else None): T new positions per row (one, decoding; a few, speculative decoding's check). input: the token ids (B, T)
   // at positions `offset` ((B,) or (1,) long) where the plan holds the embeddings, else x (B, T, D) after them (offset
   // None). cache: each layer's key and value buffers (B, Hkv, max_len, Dh), layer by layer; columns: each layer's next
@@ -353,11 +353,11 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   // After the final norm: the logits through the output projection where the plan holds it, and their argmax where
-  // they are one position a row of fp32 (greedy's pick; sampling ignores it).
+  // they are one position a row of fp32 or bf16 (greedy's pick; sampling ignores it).
   std::tuple<at::Tensor, std::optional<at::Tensor>> output(const at::Tensor& x) const {
     if (!output_.has_value()) return {x, std::nullopt};
     at::Tensor logits = linear(x, *output_);
-    if (logits.size(1) != 1 || logits.scalar_type() != at::kFloat) return {logits, std::nullopt};
+    if (logits.size(1) != 1 || (logits.scalar_type() != at::kFloat && logits.scalar_type() != at::kBFloat16)) return {logits, std::nullopt};
     return {logits, argmax_op().call(logits.view({logits.size(0), logits.size(2)}))};
   }
 

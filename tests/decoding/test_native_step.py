@@ -221,12 +221,13 @@ def test_the_step_embeds_and_projects_and_refuses_what_the_model_refuses(native_
     assert int(state.column) == column
 
 
-def test_greedy_takes_the_argmax_the_step_made_of_these_logits_only(native_gemv):
-    """The step's argmax of the logits it returns is greedy's pick of them (the same index as argmax), and of nothing else:
-    not of a copy, not after the logits change in place."""
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_greedy_takes_the_argmax_the_step_made_of_these_logits_only(native_gemv, dtype):
+    """The step's argmax of the logits it returns (fp32, or a bf16 model's bf16) is greedy's pick of them (the same index
+    as argmax), and of nothing else: not of a copy, not after the logits change in place."""
     from aiayn.decoding import sampling
 
-    decoder = CausalLMDecoder(_loaded(), static_cache=True)
+    decoder = CausalLMDecoder(_loaded(dtype=dtype), static_cache=True)
     ids, mask = left_pad(random_rows([4, 2]))
     state, _ = decoder.start(ids, mask, max_new_tokens=3)
     logits = decoder.step(FEED[0, :2], state)
@@ -237,6 +238,10 @@ def test_greedy_takes_the_argmax_the_step_made_of_these_logits_only(native_gemv)
     assert (best != 0).all()
     logits[:, 0] = logits.max() + 1  # in place: the remembered pick no longer holds
     assert torch.equal(sampling.argmax_last(logits), torch.zeros(2, dtype=torch.long))
+    logits = decoder.step(FEED[1, :2], state)  # greedy's pick through next_token: no fp32 copy of bf16 logits first
+    config = GenerationConfig(greedy=True)
+    assert sampling.next_token(logits, state, torch.zeros(2, dtype=torch.long), config) is sampling._REMEMBERED[2]
+    assert torch.equal(sampling._REMEMBERED[2], logits.float().argmax(dim=-1))
 
 
 def test_int8_dynamic_layers_keep_the_eager_step(native_gemv):
