@@ -94,6 +94,14 @@ class StaticLayerCache:
     def length(self) -> int:
         return int(self.next_column)  # a host read: for eager callers only
 
+    def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """The buffers ``(batch, heads, max_len, head_dim)`` before the first :meth:`update`, which would allocate them as
+        it does here: the C++ decoding step writes a prompt's keys and values into them (aiayn.decoding.native_step)."""
+        if self.k is None or self.v is None:
+            self.k = torch.zeros(batch, heads, self.max_len, head_dim, dtype=dtype, device=device)
+            self.v = torch.zeros_like(self.k)
+            self.next_column = self.next_column.to(device)
+
     def update(self, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor, Tensor | None, bool]:
         """Write ``k, v (B, Hkv, T, D)`` at the next ``T`` columns; return the keys and values to attend over
         (``(B, Hkv, S, D)``, ``S`` the filled length or, see above, the mask's width) with their mask and
