@@ -28,7 +28,7 @@ from aiayn.decoding.native_step import native_step
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
-from aiayn.nn.cache import KVCache, StaticLayerCache
+from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
 from aiayn.nn.masks import check_padding_mask
 from aiayn.nn.multihead import MultiHeadAttention
 from aiayn.nn.positional import LearnedPositions, PositionalEncoding, SinusoidalPositions
@@ -208,8 +208,7 @@ class CausalLMDecoder:
         )
         if self._outgrows_window(state):
             return state, self._encode_window(state)
-        logits = model(ids, self._pad_mask(state), cache=state.cache, offset=self._offset(state, 0))
-        return state, logits[:, -1]
+        return state, self._prefill(ids, self._pad_mask(state), state.cache, self._offset(state, 0))
 
     @torch.no_grad()
     def step(self, tokens: Tensor, state: DecodeState) -> Tensor:
@@ -281,12 +280,12 @@ class CausalLMDecoder:
                 torch._dynamo.mark_dynamic(layer.v, 2)
         return state, logits
 
-    def _prefill(self, ids: Tensor, key_mask: Tensor | None, cache: KVCache, offset: Tensor) -> Tensor:
-        """The prompt's last logits ``(B, V)`` into an empty static cache: through the C++ step where it applies, its
-        buffers allocated first as the model's first write would (the same bits as the forward: a 16-token GPT-2 prompt
-        27-30 against 31-32 ms, a 112-token one of a 1.8 M-parameter model 3.4-5.0 against 4.8-6.6 ms, Zen 4 EPYC), else
-        the model's forward."""
-        if self._native is None or not all(type(c) is StaticLayerCache for c in cache.self_attn):
+    def _prefill(self, ids: Tensor, key_mask: Tensor | None, cache: KVCache | None, offset: Tensor | int) -> Tensor:
+        """The prompt's last logits ``(B, V)`` into an empty cache (static or growing): through the C++ step where it
+        applies, the cache's tensors allocated first as the model's first write would (the same bits as the forward: a
+        16-token GPT-2 prompt 27-30 against 31-32 ms, a 112-token one of a 1.8 M-parameter model 3.4-5.0 against 4.8-6.6
+        ms, Zen 4 EPYC), else the model's forward."""
+        if self._native is None or cache is None or not all(type(c) in (StaticLayerCache, LayerCache) for c in cache.self_attn):
             return self.model(ids, key_mask, cache=cache, offset=offset)[:, -1]
         dtype = self.model.embed.weight.dtype  # the activations', so the keys' and values' (the forward's first write)
         for c, layer in zip(cache.self_attn, self.model.decoder.layers):

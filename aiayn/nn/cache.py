@@ -55,6 +55,13 @@ class LayerCache:
         self.length += k.shape[2]
         return self.k, self.v, mask, causal
 
+    def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Empty keys and values ``(batch, heads, 0, head_dim)`` before the first :meth:`update` (which adds to them as it
+        would have started with its own): the C++ decoding step appends a prompt's to them (aiayn.decoding.native_step)."""
+        if self.k is None or self.v is None:
+            self.k = torch.zeros(batch, heads, 0, head_dim, dtype=dtype, device=device)
+            self.v = torch.zeros_like(self.k)
+
     def set(self, k: Tensor, v: Tensor) -> None:
         """Store cross-attention keys/values computed once from the encoder output."""
         self.k, self.v, self.length = k, v, k.shape[2]

@@ -138,23 +138,24 @@ def test_quantised_layers_give_the_eager_logits(native_gemv, quantize, int8, int
     _assert_same_logits(model)
 
 
+@pytest.mark.parametrize("static", [True, False])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
-def test_the_static_prefill_runs_through_the_cpp_step_and_writes_the_forwards_cache(native_gemv, monkeypatch, dtype):
-    """A static cache's prompt goes through the C++ step (its buffers allocated first, as the forward's first write
-    would): the same logits and the same keys and values, bit for bit, as the model's forward writes them."""
+def test_the_prefill_runs_through_the_cpp_step_and_writes_the_forwards_cache(native_gemv, monkeypatch, dtype, static):
+    """A prompt goes through the C++ step (the static cache's buffers allocated first, the growing cache's empty tensors,
+    as the forward's first write would): the same logits and the same keys and values, bit for bit, as the forward."""
     model = _loaded(dtype=dtype, activation="gelu_tanh")
-    decoder = CausalLMDecoder(model, static_cache=True)
+    decoder = CausalLMDecoder(model, static_cache=static)
     shapes = []
     run = decoder._native._run
     monkeypatch.setattr(decoder._native, "_run", lambda model, tokens, *rest: shapes.append(tuple(tokens.shape)) or run(model, tokens, *rest))
     ids, mask = left_pad(random_rows([5, 2]))
     state, logits = decoder.start(ids, mask, max_new_tokens=3)
     assert shapes == [tuple(ids.shape)] and decoder._native._plans[False] is not None  # the plan of several rows ran
-    eager_state, eager_logits = CausalLMDecoder(model, static_cache=True, native=False).start(ids, mask, max_new_tokens=3)
+    eager_state, eager_logits = CausalLMDecoder(model, static_cache=static, native=False).start(ids, mask, max_new_tokens=3)
     assert torch.equal(logits, eager_logits)
     for got, want in zip(state.cache.self_attn, eager_state.cache.self_attn):
         assert got.k.dtype == want.k.dtype and torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
-        assert int(got.next_column) == int(want.next_column) == ids.shape[1]
+        assert got.length == want.length == ids.shape[1]
 
 
 def test_greedy_generation_gives_the_eager_tokens(native_gemv):
