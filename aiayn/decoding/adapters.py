@@ -290,7 +290,7 @@ class CausalLMDecoder:
         dtype = self.model.embed.weight.dtype  # the activations', so the keys' and values' (the forward's first write)
         for c, layer in zip(cache.self_attn, self.model.decoder.layers):
             attention = layer.self_attn
-            assert isinstance(attention, MultiHeadAttention)  # a static cache is softmax attention's
+            assert isinstance(attention, MultiHeadAttention)  # a key/value cache (static or growing) is softmax attention's
             c.allocate(ids.shape[0], attention.n_kv_heads, attention.head_dim, dtype, ids.device)
         return self._native.logits(self.model, ids, cache, key_mask, offset)[:, -1]
 

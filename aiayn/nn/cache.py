@@ -102,8 +102,8 @@ class StaticLayerCache:
         return int(self.next_column)  # a host read: for eager callers only
 
     def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        """The buffers ``(batch, heads, max_len, head_dim)`` before the first :meth:`update`, which would allocate them as
-        it does here: the C++ decoding step writes a prompt's keys and values into them (aiayn.decoding.native_step)."""
+        """The buffers ``(batch, heads, max_len, head_dim)``, once: by the first :meth:`update`, or before it where the C++
+        decoding step writes a prompt's keys and values into them (aiayn.decoding.native_step)."""
         if self.k is None or self.v is None:
             self.k = torch.zeros(batch, heads, self.max_len, head_dim, dtype=dtype, device=device)
             self.v = torch.zeros_like(self.k)
@@ -115,10 +115,8 @@ class StaticLayerCache:
         causal flag. ``mask``: a padding mask ``(B|1, 1, T|1, W)`` over the first ``W <= max_len`` columns.
 
         Raises ``ValueError`` (eagerly on the CPU) when the ``T`` columns do not fit ``max_len``."""
-        if self.k is None or self.v is None:
-            self.k = k.new_zeros(k.shape[0], k.shape[1], self.max_len, k.shape[3])
-            self.v = v.new_zeros(v.shape[0], v.shape[1], self.max_len, v.shape[3])
-            self.next_column = self.next_column.to(k.device)
+        self.allocate(k.shape[0], k.shape[1], k.shape[3], k.dtype, k.device)  # the first write: buffers of k's kind
+        assert self.k is not None and self.v is not None
         if k.device.type == "cpu" and not torch.compiler.is_compiling():
             start = int(self.next_column)
             end = start + k.shape[2]
