@@ -102,11 +102,15 @@ def train(config: TrainConfig, *, resume: bool | str = "auto", eval_hook: EvalHo
     if checkpoint is not None and dist_info.is_main:
         set_aside_newer(run_dir, checkpoint.step)
     finished = False
+    # a resume computes with the kernels its run began with (bit for bit), for this run only; a new run with its own
+    pin_choices(checkpoint.trainer.kernels if checkpoint is not None and checkpoint.trainer is not None else None,
+                str(checkpoint.path) if checkpoint is not None else "")
     try:
         result = _train(config, run_dir, device, dist_info, checkpoint, _with_bleu(eval_hook, loop.eval_bleu))
         finished = True
         return result
     finally:
+        pin_choices(None)  # what runs next in this process (decoding the result, another run) times or reads its own
         shutdown(dist_info, together=finished)
 
 
@@ -190,9 +194,6 @@ def _train(
         raise ValueError(f"train.precision={loop.precision} trains in one process without train.compile (its bf16 copies "
                          "are not what DDP, FSDP or torch.compile see); use train.precision=bf16 (autocast) there")
     torch.manual_seed(loop.seed)  # same initial weights on every rank
-    # a resume computes with the kernels its run began with (bit for bit); a new run with its own
-    pin_choices(checkpoint.trainer.kernels if checkpoint is not None and checkpoint.trainer is not None else None,
-                str(checkpoint.path) if checkpoint is not None else "")
     init = read_init(loop.init_from) if loop.init_from and checkpoint is None else None
     if init is not None:
         check_family(init, config.model.family)

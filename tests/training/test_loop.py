@@ -100,6 +100,7 @@ def test_a_resume_computes_with_the_kernels_its_checkpoint_recorded(tmp_path, mo
     assert result.last_checkpoint is not None and result.last_checkpoint.name == "step-000002"
     assert kernel_choice._NATIVE_CHOSEN["cross_entropy", torch.float32] == "torch"
     assert load_checkpoint(result.last_checkpoint).trainer.kernels == record
+    assert not kernel_choice._PINNED  # for that run only: what runs next in this process chooses its own
 
 
 def torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
