@@ -49,7 +49,7 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,6 +169,7 @@ def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
 LOADS: dict[str, dict[str, object]] = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
                                        "int8dyn": {"quantize": "int8-dynamic"}, "int4": {"quantize": "int4"}}
 Runner = tuple[Callable[[Tensor], Tensor], nn.Module, CausalLMDecoder | None]
+PROMPT = ":prompt"  # after llama.cpp-<GGUF>: its prompt-processing runner and row
 
 
 def _model_key(name: str) -> str:
@@ -255,6 +256,7 @@ class Row:
     rates: tuple[float, ...]
     outside: float | None = None  # the share of a decode step outside the weight kernels (ours only)
     decode_tokens_per_s: float | None = None  # ours without the prefill: the tokens after the first over the steps' time
+    prefill_tokens_per_s: float | None = None  # ours: the prompt's tokens over the median prefill (decoder.start)
 
 
 def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threads: int, bandwidth: float) -> list[Row]:
@@ -275,12 +277,15 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
     calls.update({name: call for name, (call, _) in peer_rates.items()})
     times = interleaved(calls, args.rounds)  # llama-bench's rounds among ours: the machine's drift hits both alike
     rows = [Row(batch, threads, name, statistics.median(rates), -1, None, tuple(rates)) for name, (_, rates) in peer_rates.items()]
+    prompt_tokens = batch * args.prompt
     for name, (_, model, decoder) in runners.items():
         rates = tuple(batch * args.new_tokens / t for t in times[name])
         agree = leading_agreement(outputs[name], reference) if reference is not None else -1
         bound = batch * bandwidth / weight_bytes(model) if not name.endswith("-uncached") else None
         outside = outside_the_weights(decoder, ids, min(16, args.new_tokens)) if decoder is not None else None
-        decode = None
+        decode, prefill = None, None
+        if f"{name}:prefill" in times:
+            prefill = prompt_tokens / statistics.median(times[f"{name}:prefill"])
         if f"{name}:prefill" in times and args.new_tokens > 1:  # new_tokens - 1 steps: the first token is the prefill's
             steps = statistics.median(times[name]) - statistics.median(times[f"{name}:prefill"])
             if steps > 0:  # a noisy round can make the median prefill outlast the median whole call: no rate then
@@ -288,7 +293,7 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
             else:
                 log.warning("%s: the median prefill (%.4f s) is not shorter than the median call: no decode-only rate", name,
                             statistics.median(times[f"{name}:prefill"]))
-        rows.append(Row(batch, threads, name, statistics.median(rates), agree, bound, rates, outside, decode))
+        rows.append(Row(batch, threads, name, statistics.median(rates), agree, bound, rates, outside, decode, prefill))
     if args.profile:
         for name in args.profile:
             if name in runners:
@@ -457,8 +462,8 @@ LLAMA_SKIPPED = "\nllama.cpp: skipped (no llama-bench; build it with benchmarks/
 
 def llama_runners(args: argparse.Namespace, peer: nn.Module, threads: int) -> dict[str, tuple[Callable[[], None], list[float]]]:
     """``llama.cpp-<GGUF>`` -> (a call that runs llama-bench once on ``peer``'s weights in that format and keeps its
-    tokens/s, the list it keeps them in): timed in the same interleaved rounds as ours. Empty without llama-bench
-    or with ``--llama-cpp no``."""
+    generation's tokens/s, the list it keeps them in), and ``llama.cpp-<GGUF>:prompt`` the same for its prompt processing:
+    timed in the same interleaved rounds as ours. Empty without llama-bench or with ``--llama-cpp no``."""
     bench = llama_peer.find_llama_bench(args.llama_bench) if args.llama_cpp == "auto" else None
     if bench is None:
         return {}
@@ -469,7 +474,38 @@ def llama_runners(args: argparse.Namespace, peer: nn.Module, threads: int) -> di
         def call(gguf: Path = files[fmt], rates: list[float] = rates) -> None:
             rates.append(llama_peer.llama_bench_tokens_per_s(bench, gguf, threads, args.prompt, args.new_tokens, 1))
         runners[f"llama.cpp-{fmt}"] = (call, rates)
+        prompt_rates: list[float] = []
+        def prompt(gguf: Path = files[fmt], rates: list[float] = prompt_rates) -> None:
+            rates.append(llama_peer.llama_bench_prompt_tokens_per_s(bench, gguf, threads, args.prompt, 1))
+        runners[f"llama.cpp-{fmt}{PROMPT}"] = (prompt, prompt_rates)
     return runners
+
+
+def prompt_table(args: argparse.Namespace, rows: Sequence[Row]) -> str:
+    """Ours (the variant of each format with the fastest prefill) against llama.cpp's prompt processing (llama-bench
+    ``-p``, an empty cache), batch 1, in the same rounds: a table (no target in issue 27; the time to the first token)."""
+    lines = [f"\nthe prompt ({args.prompt} tokens, batch 1) against llama.cpp's prompt processing (llama-bench -p {args.prompt} "
+             "-n 0, in the rounds of ours); ours: the prompt's tokens over the median of decoder.start (the prefill, its "
+             "Python and the cache's allocation)",
+             "| threads | GGUF | llama.cpp prompt tok/s | ours, fastest prefill | ours prompt tok/s | ours/llama.cpp |",
+             "| ---: | --- | ---: | --- | ---: | ---: |"]
+    for threads, fmt, peer, best in _against_llama(args, rows, PROMPT, lambda r: r.prefill_tokens_per_s):
+        if best is not None and best.prefill_tokens_per_s is not None:
+            lines.append(f"| {threads} | {fmt} | {peer.tokens_per_s:,.1f} | {best.variant} | {best.prefill_tokens_per_s:,.1f} | "
+                         f"{best.prefill_tokens_per_s / peer.tokens_per_s:.2f} |")
+    return "\n".join(lines)
+
+
+def _against_llama(args: argparse.Namespace, rows: Sequence[Row], suffix: str,
+                   rate: Callable[[Row], float | None]) -> Iterator[tuple[int, str, Row, Row | None]]:
+    """(threads, GGUF, llama.cpp's row ``llama.cpp-<GGUF><suffix>``, our variant of that format with the highest
+    ``rate``, or ``None``) for each thread count and format llama.cpp ran, batch 1."""
+    for threads in args.threads:
+        for fmt, variants in llama_peer.FORMATS.items():
+            peer = next((r for r in rows if r.batch == 1 and r.threads == threads and r.variant == f"llama.cpp-{fmt}{suffix}"), None)
+            if peer is not None:
+                ours = [r for r in rows if r.batch == 1 and r.threads == threads and r.variant in variants and rate(r)]
+                yield threads, fmt, peer, max(ours, key=lambda r: rate(r) or 0.0, default=None)
 
 
 def llama_table(args: argparse.Namespace, rows: Sequence[Row]) -> str:
@@ -482,21 +518,16 @@ def llama_table(args: argparse.Namespace, rows: Sequence[Row]) -> str:
              "(the tokens after the first over the time of the steps, the median prefill subtracted)",
              "| threads | GGUF | llama.cpp tok/s | ours, best variant | ours tok/s (decode only) | ours/llama.cpp | target |",
              "| ---: | --- | ---: | --- | ---: | ---: | --- |"]
-    for threads in args.threads:
-        for fmt, variants in llama_peer.FORMATS.items():
-            peer_row = next((r for r in rows if r.batch == 1 and r.threads == threads and r.variant == f"llama.cpp-{fmt}"), None)
-            if peer_row is None:
-                continue
-            ours = [r for r in rows if r.batch == 1 and r.threads == threads and r.variant in variants and r.decode_tokens_per_s]
-            best = max(ours, key=lambda r: r.decode_tokens_per_s or 0.0, default=None)
-            want, peer_rate = llama_peer.TARGETS[fmt], peer_row.tokens_per_s
-            if best is None:
-                lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | (not run: {', '.join(variants)}) | - | - | >= {want} |")
-                continue
-            rate = best.decode_tokens_per_s or 0.0
-            got = rate / peer_rate
-            verdict = "met" if got >= want else f"missed by {want - got:.2f} ({got / want:.0%} of it)"
-            lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | {best.variant} | {rate:,.2f} | {got:.2f} | >= {want}: {verdict} |")
+    for threads, fmt, peer_row, best in _against_llama(args, rows, "", lambda r: r.decode_tokens_per_s):
+        variants = llama_peer.FORMATS[fmt]
+        want, peer_rate = llama_peer.TARGETS[fmt], peer_row.tokens_per_s
+        if best is None:
+            lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | (not run: {', '.join(variants)}) | - | - | >= {want} |")
+            continue
+        rate = best.decode_tokens_per_s or 0.0
+        got = rate / peer_rate
+        verdict = "met" if got >= want else f"missed by {want - got:.2f} ({got / want:.0%} of it)"
+        lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | {best.variant} | {rate:,.2f} | {got:.2f} | >= {want}: {verdict} |")
     return "\n".join(lines)
 
 
@@ -525,7 +556,7 @@ def format_rows(rows: Sequence[Row], new_tokens: int) -> str:
         "| outside the weights, % of a token |",
         "| ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
-    for r in rows:
+    for r in (r for r in rows if not r.variant.endswith(PROMPT)):  # llama.cpp's prompt rates: prompt_table's
         base = by_key.get((r.batch, r.threads, "hf-fp32"))
         same_peer = by_key.get((r.batch, r.threads, "hf-bf16" if "bf16" in r.variant else "hf-fp32"))
         vs = f"{r.tokens_per_s / base.tokens_per_s:.2f}" if base else "-"
@@ -634,6 +665,7 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[tuple[int, float, fl
         print(default_table(rows))
         if args.llama_cpp == "auto" and 1 in args.batches:
             print(llama_table(args, rows))
+            print(prompt_table(args, rows))
     beams = []
     if args.beam != "no":
         print(f"\nbeam 4, Marian shape ({sizes}), {args.beam_sentences} sources of {args.beam_source_len} tokens, {args.beam_new_tokens} tokens each")

@@ -98,14 +98,23 @@ def gguf_files(peer: nn.Module, cache: Path = HOME / "models") -> dict[str, Path
 
 def llama_bench_tokens_per_s(bench: Path, gguf: Path, threads: int, prompt: int, new_tokens: int, repetitions: int) -> float:
     """llama-bench's mean generation rate (``-n``) for ``gguf`` on ``threads`` threads, tokens/s, after ``prompt`` tokens
-    in its cache (``-d``, as ours generates after its prompt: without it llama-bench generates from an empty cache).
+    in its cache (``-d``, as ours generates after its prompt: without it llama-bench generates from an empty cache)."""
+    return _llama_bench_rate(bench, gguf, threads, ["-p", "0", "-d", str(prompt), "-n", str(new_tokens)], repetitions, "n_gen")
 
-    ``--repack 0``: llama.cpp's Q8_0 repacking crashed on the Intel machine (issue 27); off for every format."""
-    cmd = [str(bench), "-m", str(gguf), "-t", str(threads), "-p", "0", "-d", str(prompt), "-n", str(new_tokens),
-           "-r", str(repetitions), "--repack", "0", "-o", "json"]
+
+def llama_bench_prompt_tokens_per_s(bench: Path, gguf: Path, threads: int, prompt: int, repetitions: int) -> float:
+    """llama-bench's mean prompt-processing rate (``-p``) for ``gguf``: ``prompt`` tokens into an empty cache, tokens/s
+    (a prompt's forward, as our prefill is)."""
+    return _llama_bench_rate(bench, gguf, threads, ["-p", str(prompt), "-n", "0"], repetitions, "n_prompt")
+
+
+def _llama_bench_rate(bench: Path, gguf: Path, threads: int, test: list[str], repetitions: int, kind: str) -> float:
+    """The ``avg_ts`` of the one test llama-bench runs with ``test`` (its -p, -n, -d), whose ``kind`` (n_gen or n_prompt)
+    is the only count above 0. ``--repack 0``: llama.cpp's Q8_0 repacking crashed on the Intel machine (issue 27)."""
+    cmd = [str(bench), "-m", str(gguf), "-t", str(threads), *test, "-r", str(repetitions), "--repack", "0", "-o", "json"]
     result = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    rows = json.loads(result.stdout)
-    gen = [r for r in rows if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
-    if not gen:
-        raise RuntimeError(f"llama-bench printed no generation row: {result.stdout[:500]}")
-    return float(gen[0]["avg_ts"])
+    other = "n_prompt" if kind == "n_gen" else "n_gen"
+    rows = [r for r in json.loads(result.stdout) if r.get(kind, 0) > 0 and r.get(other, 0) == 0]
+    if not rows:
+        raise RuntimeError(f"llama-bench printed no {kind} row: {result.stdout[:500]}")
+    return float(rows[0]["avg_ts"])

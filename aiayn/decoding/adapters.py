@@ -227,8 +227,7 @@ class CausalLMDecoder:
         if state.cache is not None:
             column = state.tokens.shape[1] - 1
             return (self._native or _decode_one)(self.model, tokens[:, None], state.cache, self._pad_mask(state), self._offset(state, column))
-        logits = self.model(state.tokens, self._pad_mask(state), offset=self._offset(state, 0))
-        return logits[:, -1]
+        return self.model(state.tokens, self._pad_mask(state), offset=self._offset(state, 0), logits_to_keep=1)[:, -1]
 
     @torch.no_grad()
     def extend(self, tokens: Tensor, state: DecodeState) -> Tensor:
@@ -286,13 +285,13 @@ class CausalLMDecoder:
         16-token GPT-2 prompt 27-30 against 31-32 ms, a 112-token one of a 1.8 M-parameter model 3.4-5.0 against 4.8-6.6
         ms, Zen 4 EPYC), else the model's forward."""
         if self._native is None or cache is None or not all(type(c) in (StaticLayerCache, LayerCache) for c in cache.self_attn):
-            return self.model(ids, key_mask, cache=cache, offset=offset)[:, -1]
+            return self.model(ids, key_mask, cache=cache, offset=offset, logits_to_keep=1)[:, -1]
         dtype = self.model.embed.weight.dtype  # the activations', so the keys' and values' (the forward's first write)
         for c, layer in zip(cache.self_attn, self.model.decoder.layers):
             attention = layer.self_attn
             assert isinstance(attention, MultiHeadAttention)  # a key/value cache (static or growing) is softmax attention's
             c.allocate(ids.shape[0], attention.n_kv_heads, attention.head_dim, dtype, ids.device)
-        return self._native.logits(self.model, ids, cache, key_mask, offset)[:, -1]
+        return self._native(self.model, ids, cache, key_mask, offset)
 
     def reorder(self, state: DecodeState, index: Tensor, *, same_sources: bool = False) -> None:
         state.select(index, same_sources=same_sources)
@@ -307,7 +306,7 @@ class CausalLMDecoder:
         ids, mask = state.tokens[:, -self._window :], state.mask[:, -self._window :]  # type: ignore[operator]
         pads = (~mask).sum(dim=1)  # (B,) padding left inside the window
         offset: int | Tensor = -pads if bool(pads.any()) else 0
-        return self.model(ids, mask, offset=offset)[:, -1]
+        return self.model(ids, mask, offset=offset, logits_to_keep=1)[:, -1]
 
     def _pad_mask(self, state: DecodeState) -> Tensor | None:
         # Explicit without a cache: the model would otherwise guess padding from pad_id, and a

@@ -131,7 +131,8 @@ def _layer_blocker(layer: TransformerLayer) -> str | None:
 
 class NativeStep:
     """The C++ step of one model: :meth:`logits` of ``T`` new tokens per row over its KV cache, and called as the decoder
-    calls its one-token step, ``(model, tokens (B, 1), cache, key_mask, offset) -> logits (B, V)``. Its plans are built at
+    calls its one-token step and its prompt, ``(model, tokens (B, T), cache, key_mask, offset) -> the last position's
+    logits (B, V)`` (the output projection of that position only). Its plans are built at
     the first call of each batch kind (one row of one token, or more: the layers' kernels differ); a batch kind with a
     Linear layer it does not know, a model switched to training mode, and a cache of another kind take the model's
     forward."""
@@ -142,7 +143,7 @@ class NativeStep:
         self._plans: dict[bool, tuple[Any, bool, bool] | None] = {}
 
     def __call__(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
-        logits, best = self._run(model, tokens, cache, key_mask, offset)
+        logits, best = self._run(model, tokens, cache, key_mask, offset, 1)  # the last position's: all a step uses
         last = logits[:, -1]
         if best is not None:  # the step's own argmax of these logits: greedy's pick without another pass (sampling.py)
             remember_argmax(last, best)
@@ -151,14 +152,16 @@ class NativeStep:
     def logits(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None, offset: Tensor | int) -> Tensor:
         """``tokens (B, T)`` at positions ``offset`` (an int, or ``(B,)``) after the cached ones -> logits ``(B, T, V)``,
         as ``model(tokens, key_mask, cache=cache, offset=offset)`` gives them."""
-        return self._run(model, tokens, cache, key_mask, offset)[0]
+        return self._run(model, tokens, cache, key_mask, offset, 0)[0]
 
     def _run(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None, key_mask: Tensor | None,
-             offset: Tensor | int) -> tuple[Tensor, Tensor | None]:
-        """:meth:`logits`, and each row's argmax where the step made it (one position a row, fp32 or bf16 logits), else ``None``."""
+             offset: Tensor | int, logits_to_keep: int) -> tuple[Tensor, Tensor | None]:
+        """:meth:`logits` (of the last ``logits_to_keep`` positions where it is more than 0, as the model's
+        ``logits_to_keep`` cuts them), and each row's argmax where the step made it (one position a row, fp32 or bf16
+        logits), else ``None``."""
         chosen = self._plan(model, tokens, cache)
         if chosen is None or cache is None:
-            return model(tokens, key_mask, cache=cache, offset=offset), None
+            return model(tokens, key_mask, cache=cache, offset=offset, logits_to_keep=logits_to_keep), None
         plan, embeds, projects = chosen
         caches = cache.self_attn
         positions = model.positions
@@ -171,13 +174,14 @@ class NativeStep:
             inputs, at = positions.embed(model.embed(tokens), offset), None  # (B, T, D): the model's own embeddings
         cos, sin = positions.angles(offset, length, tokens.device) if isinstance(positions, RotaryPositions) else (None, None)
         tensors = [t for c in caches for t in (c.k, c.v)]
+        keep = logits_to_keep if projects else 0  # else the hidden states of every position, cut below
         if type(caches[0]) is StaticLayerCache:
-            out, best = plan.run(inputs, at, tensors, [c.next_column for c in caches], key_mask, cos, sin)
+            out, best = plan.run(inputs, at, tensors, [c.next_column for c in caches], key_mask, cos, sin, keep)
         else:  # the growing cache: each layer's keys and values with the new positions appended, as LayerCache.update does
-            out, best, tensors = plan.run_growing(inputs, at, tensors, key_mask, cos, sin)
+            out, best, tensors = plan.run_growing(inputs, at, tensors, key_mask, cos, sin, keep)
             for c, k, v in zip(caches, tensors[0::2], tensors[1::2]):
                 c.k, c.v, c.length = k, v, c.length + length
-        return (out, best) if projects else (model.output(out), None)
+        return (out, best) if projects else (model.output(out[:, -logits_to_keep:] if logits_to_keep else out), None)
 
     def _plan(self, model: DecoderOnly, tokens: Tensor, cache: KVCache | None) -> tuple[Any, bool, bool] | None:
         """The plan for this call, or ``None`` where the forward must run."""
@@ -238,10 +242,13 @@ def build_plan(model: DecoderOnly, one_row: bool) -> Any:
 
 def _output(plan: _Plan, output: nn.Module, one_row: bool, dtype: torch.dtype) -> None:
     """The output projection in the plan where the C++ step knows its kind (the logits then come from the step, with no
-    Python after the last layer), else a 0: the model's own module projects."""
+    Python after the last layer), else a 0: the model's own module projects. Written twice, as the plan's batch kind
+    calls it and as one row calls it: a prompt of one row projects its last position only, one row, and the module
+    would take its one-row kernel there."""
     projection = _Plan()
     try:
         _linear(projection, output, one_row, dtype)
+        _linear(projection, output, True, dtype)
     except ValueError as err:
         log.debug("the output projection stays the model's module: %s", err)
         plan.ints.append(0)

@@ -279,7 +279,10 @@ class DecodeStep : public torch::CustomClassHolder {
       layers_.push_back(std::move(layer));
     }
     if (has_final_norm_) final_norm_ = Norm::read(r);
-    if (r.integer() != 0) output_ = Linear::read(r);  // the output projection, where its kind is known here
+    if (r.integer() != 0) {  // the output projection, where its kind is known here: as the plan's rows call it, and one row
+      output_ = Linear::read(r);
+      output_one_ = Linear::read(r);
+    }
     if (r.integer() != 0) {  // the embeddings: the token table (times its scale) plus a learned position table, or none
       embed_ = r.tensor();
       embed_scale_ = r.real();
@@ -290,19 +293,20 @@ class DecodeStep : public torch::CustomClassHolder {
   }
 
   // input -> (B, T, D) after the last layer (and the final norm), or the logits (B, T, V) where the plan holds the output
-  // projection, and, with the logits of one position a row (fp32 or bf16), each row's largest (argmax.cpp: greedy's pick, made here
-  // while the logits are in the cache; else None): T new positions per row (one, decoding; a few, speculative decoding's check). input: the token ids (B, T)
+  // projection (of the last `keep` positions only where keep > 0: a prompt's last, the one it generates from), and, with the
+  // logits of one position a row (fp32 or bf16), each row's largest (argmax.cpp: greedy's pick, made here while the logits
+  // are in the cache; else None): T new positions per row (one, decoding; a few, speculative decoding's check; a prompt). input: the token ids (B, T)
   // at positions `offset` ((B,) or (1,) long) where the plan holds the embeddings, else x (B, T, D) after them (offset
   // None). cache: each layer's key and value buffers (B, Hkv, max_len, Dh), layer by layer; columns: each layer's next
   // column (a one-element long tensor, advanced here); key_mask: None or bool (B, W) with W >= the columns filled after
   // this call, True = may attend; cos and sin: rotary positions' angles at each row's positions (B or 1, 1, T, Dh), None
   // without them.
   std::tuple<at::Tensor, std::optional<at::Tensor>> run(at::Tensor input, std::optional<at::Tensor> offset, std::vector<at::Tensor> cache, std::vector<at::Tensor> columns,
-                 std::optional<at::Tensor> key_mask, std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
+                 std::optional<at::Tensor> key_mask, std::optional<at::Tensor> cos, std::optional<at::Tensor> sin, int64_t keep) {
     const int64_t n = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(static_cast<int64_t>(columns.size()) == n, "aiayn_native::DecodeStep: ", n, " layers take ", n, " columns, got ",
                 columns.size());
-    return output(forward(embed(input, offset), cache, &columns, key_mask, cos, sin));
+    return output(forward(embed(input, offset), cache, &columns, key_mask, cos, sin), keep);
   }
 
   // The same over growing caches (LayerCache: keys and values (B, Hkv, S, Dh) of every position so far): each layer's
@@ -310,8 +314,8 @@ class DecodeStep : public torch::CustomClassHolder {
   // tensors, in the order of `cache`, for the caller to hold. key_mask: None or bool (B, S + T).
   std::tuple<at::Tensor, std::optional<at::Tensor>, std::vector<at::Tensor>> run_growing(at::Tensor input, std::optional<at::Tensor> offset,
                                                                std::vector<at::Tensor> cache, std::optional<at::Tensor> key_mask,
-                                                               std::optional<at::Tensor> cos, std::optional<at::Tensor> sin) {
-    auto [out, best] = output(forward(embed(input, offset), cache, nullptr, key_mask, cos, sin));
+                                                               std::optional<at::Tensor> cos, std::optional<at::Tensor> sin, int64_t keep) {
+    auto [out, best] = output(forward(embed(input, offset), cache, nullptr, key_mask, cos, sin), keep);
     return {out, best, cache};
   }
 
@@ -352,11 +356,14 @@ class DecodeStep : public torch::CustomClassHolder {
     return x + positions_->index_select(0, at_positions).view({rows, length, x.size(2)}).to(x.scalar_type());
   }
 
-  // After the final norm: the logits through the output projection where the plan holds it, and their argmax where
-  // they are one position a row of fp32 or bf16 (greedy's pick; sampling ignores it).
-  std::tuple<at::Tensor, std::optional<at::Tensor>> output(const at::Tensor& x) const {
+  // After the final norm: the logits through the output projection where the plan holds it (of the last `keep`
+  // positions where 0 < keep < T: a prompt's other positions would read the whole output weight for logits no one
+  // uses), and their argmax where they are one position a row of fp32 or bf16 (greedy's pick; sampling ignores it).
+  std::tuple<at::Tensor, std::optional<at::Tensor>> output(const at::Tensor& x, int64_t keep) const {
+    TORCH_CHECK(keep >= 0, "aiayn_native::DecodeStep: keep is a number of last positions, 0 (all) or more, got ", keep);
     if (!output_.has_value()) return {x, std::nullopt};
-    at::Tensor logits = linear(x, *output_);
+    const at::Tensor kept = keep > 0 && keep < x.size(1) ? x.narrow(1, x.size(1) - keep, keep).contiguous() : x;
+    at::Tensor logits = linear(kept, kept.numel() == kept.size(-1) ? *output_one_ : *output_);  // one row: its own kernel
     if (logits.size(1) != 1 || (logits.scalar_type() != at::kFloat && logits.scalar_type() != at::kBFloat16)) return {logits, std::nullopt};
     return {logits, argmax_op().call(logits.view({logits.size(0), logits.size(2)}))};
   }
@@ -506,7 +513,7 @@ class DecodeStep : public torch::CustomClassHolder {
   bool pre_norm_ = false, has_final_norm_ = false, rotary_ = false, qk_norm_ = false;
   std::vector<Layer> layers_;
   Norm final_norm_;
-  std::optional<Linear> output_;
+  std::optional<Linear> output_, output_one_;
   std::optional<at::Tensor> embed_, positions_;
   double embed_scale_ = 1.0;
 };

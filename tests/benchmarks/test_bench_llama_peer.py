@@ -40,6 +40,13 @@ def test_llama_bench_runs_in_the_rounds_of_ours_and_the_table_divides_the_rates(
     monkeypatch.setattr(gen.llama_peer, "find_llama_bench", lambda explicit=None: Path("llama-bench"))
     monkeypatch.setattr(gen.llama_peer, "gguf_files", lambda peer: {fmt: Path(fmt) for fmt in gen.llama_peer.FORMATS})
     monkeypatch.setattr(gen.llama_peer, "llama_bench_tokens_per_s", fake_bench)
+    prompt_rates = {"f32": [200.0], "bf16": [400.0], "q8_0": [500.0], "q4_0": [600.0]}
+
+    def fake_prompt_bench(bench, gguf, threads, prompt, repetitions):
+        assert repetitions == 1 and prompt == 16  # the benchmark's prompt, into an empty cache
+        return prompt_rates[gguf.name].pop(0)
+
+    monkeypatch.setattr(gen.llama_peer, "llama_bench_prompt_tokens_per_s", fake_prompt_bench)
     timed = gen.interleaved
 
     def prefill_half_the_call(calls, rounds):  # one round of a tiny model: a loaded machine could time its prefill longer
@@ -59,3 +66,8 @@ def test_llama_bench_runs_in_the_rounds_of_ours_and_the_table_divides_the_rates(
     out = capsys.readouterr().out
     assert f"| 1 | f32 | 20.00 | ours-fp32 | {decode:,.2f} | {decode / 20.0:.2f} |" in out
     assert "ours tok/s (decode only)" in out
+    assert not any(prompt_rates.values())  # the prompt processing of each format ran once a round too
+    prefill = peer["ours-fp32"].prefill_tokens_per_s  # the prompt's 16 tokens over our median prefill
+    assert prefill is not None and prefill > 0 and peer["llama.cpp-f32:prompt"].tokens_per_s == 200.0
+    assert f"| 1 | f32 | 200.0 | ours-fp32 | {prefill:,.1f} | {prefill / 200.0:.2f} |" in out
+    assert "| llama.cpp-f32:prompt |" not in out  # not a row of the generation table

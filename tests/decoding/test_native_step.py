@@ -142,20 +142,47 @@ def test_quantised_layers_give_the_eager_logits(native_gemv, quantize, int8, int
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_the_prefill_runs_through_the_cpp_step_and_writes_the_forwards_cache(native_gemv, monkeypatch, dtype, static):
     """A prompt goes through the C++ step (the static cache's buffers allocated first, the growing cache's empty tensors,
-    as the forward's first write would): the same logits and the same keys and values, bit for bit, as the forward."""
+    as the forward's first write would): the same logits and the same keys and values, bit for bit, as the forward. Both
+    project the last position only (the only one a prompt generates from)."""
     model = _loaded(dtype=dtype, activation="gelu_tanh")
     decoder = CausalLMDecoder(model, static_cache=static)
-    shapes = []
+    calls = []
     run = decoder._native._run
-    monkeypatch.setattr(decoder._native, "_run", lambda model, tokens, *rest: shapes.append(tuple(tokens.shape)) or run(model, tokens, *rest))
+    monkeypatch.setattr(decoder._native, "_run", lambda model, tokens, *rest: calls.append((tuple(tokens.shape), rest[-1])) or run(model, tokens, *rest))
     ids, mask = left_pad(random_rows([5, 2]))
     state, logits = decoder.start(ids, mask, max_new_tokens=3)
-    assert shapes == [tuple(ids.shape)] and decoder._native._plans[False] is not None  # the plan of several rows ran
-    eager_state, eager_logits = CausalLMDecoder(model, static_cache=static, native=False).start(ids, mask, max_new_tokens=3)
+    assert calls == [(tuple(ids.shape), 1)] and decoder._native._plans[False] is not None  # the plan of several rows ran
+    projected = []
+    hook = model.output.register_forward_hook(lambda module, args, out: projected.append(tuple(args[0].shape)))
+    try:
+        eager_state, eager_logits = CausalLMDecoder(model, static_cache=static, native=False).start(ids, mask, max_new_tokens=3)
+    finally:
+        hook.remove()
+    assert projected == [(2, 1, model.config.d_model)]  # the forward projected the last position alone
     assert torch.equal(logits, eager_logits)
     for got, want in zip(state.cache.self_attn, eager_state.cache.self_attn):
         assert got.k.dtype == want.k.dtype and torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
         assert got.length == want.length == ids.shape[1]
+
+
+@pytest.mark.parametrize("static", [True, False])
+@torch.no_grad()
+def test_logits_to_keep_cuts_the_steps_projection_as_the_forward_cuts_it(native_gemv, static):
+    """The C++ step's logits of the last ``keep`` positions of a prompt are the forward's with ``logits_to_keep=keep``,
+    bit for bit, and every position's cut there (within fp32 rounding: other row counts, other kernels' blocking)."""
+    model = _loaded(activation="gelu_tanh")
+    ids = torch.tensor(random_rows([6, 6]))
+    for keep in (1, 2, 6):
+        caches = []
+        for _ in range(2):
+            cache = model.new_cache(max_len=8) if static else model.new_cache()
+            CausalLMDecoder(model, static_cache=static)._prefill(ids[:, :1], None, cache, 0)  # allocated, one position in
+            caches.append(cache)
+        got, best = CausalLMDecoder(model, static_cache=static)._native._run(model, ids[:, 1:], caches[0], None, 1, keep)
+        want = model(ids[:, 1:], cache=caches[1], offset=1, logits_to_keep=keep)
+        assert got.shape == (2, min(keep, 5), model.config.vocab_size) and torch.equal(got, want)
+        torch.testing.assert_close(got, model(ids)[:, 1:][:, -keep:], rtol=1e-5, atol=1e-5)
+        assert best is None or keep == 1
 
 
 def test_greedy_generation_gives_the_eager_tokens(native_gemv):

@@ -81,3 +81,17 @@ def test_attention_maps(models):
     torch.testing.assert_close(maps["decoder_self"][0].sum(-1), torch.ones(1, 4, 3))
     assert (maps["decoder_cross"][0][..., 3] == 0).all()
     assert (maps["decoder_self"][0].triu(1) == 0).all()
+
+
+def test_logits_to_keep_projects_the_last_positions_only(models):
+    """``logits_to_keep=n`` gives the last ``n`` positions' logits (a prompt generates from its last); 0 gives every
+    position; anything but an int >= 0 is refused, naming the argument."""
+    model = models["tiny-decoder-only"]
+    ids = torch.randint(3, 64, (2, 7))
+    every = model(ids)
+    assert model(ids, logits_to_keep=0).shape == every.shape
+    for keep in (1, 3, 7, 9):
+        torch.testing.assert_close(model(ids, logits_to_keep=keep), every[:, -keep:], rtol=1e-5, atol=1e-5)
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match=r"logits_to_keep must be an int >= 0 \(0: every position\), got"):
+            model(ids, logits_to_keep=bad)

@@ -43,10 +43,10 @@ def fail_at_position(served: ServedModel, position: int) -> None:
     """Make a decode step raise when any row feeds the token at ``position`` (a fault in one request)."""
     forward = served.model.forward
 
-    def faulty(ids, pad_mask=None, *, cache=None, offset=None):
+    def faulty(ids, pad_mask=None, *, cache=None, offset=None, **options):
         if ids.shape[1] == 1 and offset is not None and bool((torch.as_tensor(offset) == position).any()):
             raise RuntimeError(f"injected fault at position {position}")
-        return forward(ids, pad_mask, cache=cache, offset=offset)
+        return forward(ids, pad_mask, cache=cache, offset=offset, **options)
 
     served.model.forward = faulty  # type: ignore[method-assign]
 
