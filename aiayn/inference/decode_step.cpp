@@ -237,9 +237,12 @@ at::Tensor linear(const at::Tensor& x, const Linear& l) {
     case kFew:  // several rows: our kernel (each weight row read once for all) up to `few` rows, more (a prompt) beyond
       if (x.numel() <= l.few * x.size(-1)) return gemv_op().call(x, l.weight, l.scale, l.bias, l.param);
       return linear(x, *l.beyond);
-    case kInt8: {
+    case kInt8: {  // param > 0: more rows than that (a prompt) take the weight widened to the activations' dtype and one
+                   // matmul, where that was timed faster (Int8Linear.forward's dequantized_mm: the same ops)
       const at::Tensor flat = x.reshape({-1, x.size(-1)}).to(compute_dtype(x)).contiguous();
-      return finish(at::_weight_int8pack_mm(flat, l.weight, l.scale->to(flat.scalar_type())), l, x);
+      const at::Tensor scale = l.scale->to(flat.scalar_type());
+      if (l.param > 0 && flat.size(0) > l.param) return finish(at::mm(flat, l.weight.to(flat.scalar_type()).t()).mul_(scale), l, x);
+      return finish(at::_weight_int8pack_mm(flat, l.weight, scale), l, x);
     }
     default:
       TORCH_CHECK(false, "aiayn_native::DecodeStep: unknown Linear kind ", l.kind);

@@ -189,6 +189,31 @@ def _one_and_many(weight: Tensor, rows: int, one_names: tuple[str, ...], many_na
                     + ", ".join(f"{name} {many[name]:.3f}" for name in many_names) + f" ms ({rows} rows) -> {choice}")
 
 
+# Weight-only int8, a prompt's rows (more than gemv.FEW_ROWS): torch's kernel, or the weight widened to bf16 and one
+# oneDNN matmul (aiayn.inference.quantization.dequantized_mm), timed at PROMPT_ROWS rows where bf16 matmuls are native
+INT8_PROMPT = ("torch", "dequant")
+PROMPT_ROWS = 64
+
+
+def choose_int8_prompt_kernels(weights: list[Tensor]) -> list[str]:
+    """The kernel of a prompt's rows through each weight-only int8 ``weight (out, in)`` here, one of
+    :data:`INT8_PROMPT`: timed at :data:`PROMPT_ROWS` rows once per shape and cached with the other kernels, where this
+    CPU multiplies bf16 natively. Elsewhere torch's, untimed: there a bf16 matmul is a generic loop, about 150x an
+    fp32 one on an AVX2-only EPYC (``docs/benchmarks.md``). Any override but ``measure`` takes torch's."""
+    from aiayn.inference.precision import native_bf16
+
+    if not weights or kernel_mode() != "measure" or not native_bf16(torch.device("cpu")):
+        return ["torch"] * len(weights)
+    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only {PROMPT_ROWS} rows (a prompt){_pages()}" for w in weights]
+
+    def timed(weight: Tensor) -> tuple[str, str]:
+        times = _time_kernels(weight, PROMPT_ROWS, INT8_PROMPT, rounds=3)
+        choice = _fastest({name: times[name] for name in INT8_PROMPT})
+        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in INT8_PROMPT) + f" ms ({PROMPT_ROWS} rows) -> {choice}"
+
+    return _cached(shapes, weights, INT8_PROMPT, timed, "int8 prompt kernels")
+
+
 TRAINING = ("plain", "onednn")  # fp32 training: MKL through F.linear and its autograd, or oneDNN (aiayn.nn.onednn_linear)
 TRAINING_OVERRIDES = {"packed": "onednn", "plain": "plain", "split": "plain"}
 
@@ -922,6 +947,10 @@ def _kernel(name: str, weight: Tensor, x: Tensor, group: int = 0) -> Callable[[]
         if name in GEMV_KERNELS:
             return lambda: gemv_int8(x, weight, scale, None, GEMV_KERNELS[name])
         xb, sb = x.bfloat16(), scale.bfloat16()
+        if name == "dequant":
+            from aiayn.inference.quantization import dequantized_mm
+
+            return lambda: dequantized_mm(xb, weight, sb)
         return lambda: torch.ops.aten._weight_int8pack_mm(xb, weight, sb)
     if name == "packed":
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from aiayn.inference import gemv
 from aiayn.inference.precision import replace_linears
 
-__all__ = ["QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "parse_quantize", "quantize", "quantize_int8", "quantization_record"]
+__all__ = ["QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "dequantized_mm", "parse_quantize", "quantize", "quantize_int8",
+           "quantization_record"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,15 @@ def _(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
 
 
 weight_int8_mm = torch.ops.aiayn.weight_int8_mm
+
+
+def dequantized_mm(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """``x (M, K)`` (bf16 or fp16) times an int8 ``weight (N, K)`` widened to ``x``'s dtype (exactly: ``|w| <= 127``),
+    each output column times ``scale (N,)`` (``x``'s dtype): ``_weight_int8pack_mm``'s product as one oneDNN matmul.
+    Why: for a prompt's rows, where bf16 matmuls are native (AVX512-BF16, AMX), that kernel takes 2-2.6x this one's time
+    at GPT-2's shapes (64 and 512 rows, a Zen 4 EPYC, 2026-12-07); the widened weight (2 bytes a weight) lives for the
+    call. The C++ decoding step computes the same ops (``decode_step.cpp``), so the same bits."""
+    return torch.mm(x, weight.to(x.dtype).t()).mul_(scale)
 
 
 def parse_quantize(value: str | None, *, name: str = "quantize") -> str | None:
@@ -158,8 +168,9 @@ class Int8Linear(nn.Module):
         # The kernel of one-row calls (batch-1 decoding) and of calls of a few rows (up to gemv.FEW_ROWS: a small
         # batch, speculative checks): "torch" (_weight_int8pack_mm, bf16 activations) or "native" / "native-prefetch"
         # (our matrix-vector product over the int8 rows, fp32 sums: aiayn.inference.gemv), set by the timed kernel
-        # choice (aiayn.inference.precision.choose_quantized_kernels); more rows (a prompt) always take torch's.
-        self.one = self.many = "torch"
+        # choice (aiayn.inference.precision.choose_quantized_kernels). More rows (a prompt): "torch", or "dequant"
+        # (dequantized_mm) where that was timed faster (aiayn.inference.kernel_choice.choose_int8_prompt_kernels).
+        self.one = self.many = self.prompt = "torch"
         self.register_load_state_dict_post_hook(lambda module, keys: module.repack())
 
     @classmethod
@@ -199,7 +210,8 @@ class Int8Linear(nn.Module):
         if self.in_features % _KERNEL_K_MULTIPLE:
             return None
         self.ready(compute_dtype(dtype))
-        torchs = gemv.NativeCall("int8", 0, self.weight, self.kernel_scale)
+        # param: the rows above which the step takes dequantized_mm (a prompt, as forward takes it), 0 for never
+        torchs = gemv.NativeCall("int8", gemv.FEW_ROWS if self.prompt == "dequant" else 0, self.weight, self.kernel_scale)
         if not one_row and self.many in gemv.KERNELS and dtype in gemv.DTYPES:
             return gemv.NativeCall("few", gemv.KERNELS[self.many], self.weight, self.scale, torchs)
         return torchs
@@ -220,7 +232,9 @@ class Int8Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.ready(compute)
         scale = self.kernel_scale if self.kernel_scale.dtype == compute else self.kernel_scale.to(compute)
-        if self.in_features % _KERNEL_K_MULTIPLE == 0:
+        if kernel is None and self.prompt == "dequant" and not torch.compiler.is_compiling():  # a prompt's rows
+            out = dequantized_mm(flat, self.weight, scale)
+        elif self.in_features % _KERNEL_K_MULTIPLE == 0:
             if torch.compiler.is_compiling():
                 out = weight_int8_mm(flat, self.weight, scale)
             else:  # eager: the op's body without the dispatcher (a few us a call, 73 calls a GPT-2 step)

@@ -90,24 +90,54 @@ def test_int8_layers_take_the_faster_kernel_of_one_row_and_of_a_few_cached_and_t
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
     timed = []
 
-    def fake_times(w, rows, names, group=0):  # one row: native wins the 8 -> 16 shape; eight rows: torch wins it
+    def fake_times(w, rows, names, group=0, rounds=7):  # one row: native wins the 8 -> 16 shape; eight rows: torch wins it
         timed.append((w.dtype, rows, names))
         slow = (w.shape[0] == 16) == (rows == 1)
-        return {"torch": 2.0 if slow else 1.0, "native": 1.5, "native-prefetch": 1.4 if rows > 1 else 1.6}
+        return {"torch": 2.0 if slow else 1.0, "native": 1.5, "native-prefetch": 1.4 if rows > 1 else 1.6, "dequant": 3.0}
 
     monkeypatch.setattr(kernel_choice, "_time_kernels", fake_times)
     model = quantize_int8(three_layers())
     pack_linears(model)
     assert [(m.one, m.many) for m in model] == [("native", "torch"), ("torch", "native-prefetch"), ("native", "torch")]
-    assert timed == [(torch.int8, rows, ("torch", "native", "native-prefetch")) for _ in range(2) for rows in (1, 8)]
+    assert [t for t in timed if t[1] != kernel_choice.PROMPT_ROWS] == [(torch.int8, rows, ("torch", "native", "native-prefetch")) for _ in range(2) for rows in (1, 8)]
     assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1|8 rows, prefetch first, ours first"] == "native/torch"
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: pytest.fail("timed a shape the cache decides"))
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0, rounds=7: pytest.fail("timed a shape the cache decides"))
     again = quantize_int8(three_layers())
     pack_linears(again)
     assert [(m.one, m.many) for m in again] == [("native", "torch"), ("torch", "native-prefetch"), ("native", "torch")]
     monkeypatch.setenv(kernel_choice.ENV_VAR, "packed")
     pack_linears(again)
     assert [(m.one, m.many) for m in again] == [("torch", "torch")] * 3
+
+
+def test_int8_prompts_take_the_faster_of_torchs_kernel_and_the_widened_weight_timed_where_bf16_is_native(cache, monkeypatch):
+    """A prompt's rows through an int8 layer: torch's kernel or ``dequantized_mm``, timed at PROMPT_ROWS rows once per
+    shape and cached; torch's, untimed, on a CPU without native bf16 matmuls and under any override."""
+    from aiayn.inference import precision
+    from aiayn.inference.quantization import quantize_int8
+
+    timed = []
+
+    def fake_times(w, rows, names, group=0, rounds=7):  # the widened weight wins the 8 -> 16 shape
+        timed.append((tuple(w.shape), rows, names))
+        return {"torch": 1.0, "native": 0.5, "native-prefetch": 0.5, "dequant": 0.5 if w.shape[0] == 16 else 2.0}
+
+    monkeypatch.setattr(kernel_choice, "_time_kernels", fake_times)
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    model = quantize_int8(three_layers())
+    precision.choose_quantized_kernels(model)
+    assert [m.prompt for m in model] == ["dequant", "torch", "dequant"]
+    assert [t for t in timed if t[1] == kernel_choice.PROMPT_ROWS] == [((16, 8), 64, ("torch", "dequant")), ((8, 16), 64, ("torch", "dequant"))]
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 64 rows (a prompt)"] == "dequant"
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda *a, **k: pytest.fail("timed a shape the cache decides"))
+    again = quantize_int8(three_layers())
+    precision.choose_quantized_kernels(again)
+    assert [m.prompt for m in again] == ["dequant", "torch", "dequant"]
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)  # a bf16 matmul is a generic loop there
+    assert kernel_choice.choose_int8_prompt_kernels([m.weight for m in again]) == ["torch"] * 3
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    monkeypatch.setenv(kernel_choice.ENV_VAR, "packed")
+    assert kernel_choice.choose_int8_prompt_kernels([m.weight for m in again]) == ["torch"] * 3
 
 
 def test_int4_layers_take_the_faster_kernel_timed_on_their_codes_and_group_cached_and_the_override_takes_torchs(cache, monkeypatch):

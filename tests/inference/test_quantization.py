@@ -18,11 +18,13 @@ def tiny(kind="tiny-decoder-only", **overrides):
     return build_model(kind, dropout=0.0, **overrides).eval()
 
 
+@pytest.mark.parametrize("prompt", ["torch", "dequant"])  # a prompt's rows (15 here) by torch's kernel or the widened weight
 @pytest.mark.parametrize("in_features", [32, 20])  # 20: not a multiple of 16, the dequantising fallback
-def test_int8_linear_matches_its_dequantised_weight(in_features):
+def test_int8_linear_matches_its_dequantised_weight(in_features, prompt):
     torch.manual_seed(0)
     linear = nn.Linear(in_features, 24)
     q = Int8Linear.from_linear(linear)
+    q.prompt = prompt
     assert q.weight.dtype == torch.int8 and q.scale.dtype == torch.float32
     # every row's largest weight lands on +-127 and the grid error is at most half a step
     assert torch.equal(q.weight.abs().amax(dim=1), torch.full((24,), 127, dtype=torch.int8))
