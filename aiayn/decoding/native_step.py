@@ -46,7 +46,7 @@ __all__ = ["ACTIVATIONS", "ATTENTION", "LINEAR_KINDS", "NativeStep", "native_ste
 log = logging.getLogger(__name__)
 
 # The numbers decode_step.cpp reads (its enums of the same names).
-LINEAR_KINDS = {"plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int8": 5, "few": 6}
+LINEAR_KINDS = {"plain": 1, "gemv": 2, "packed": 3, "int4": 4, "int8": 5, "few": 6, "int4-widened": 7}
 NORMS = {nn.LayerNorm: 0, nn.RMSNorm: 1, NativeLayerNorm: 2, NativeRMSNorm: 3}
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "gelu_tanh-native": 3, "silu": 4, "swiglu": 5, "relu2": 6}
 ATTENTION = {"native": 0, "sdpa": 1, "math": 2}
@@ -74,11 +74,12 @@ class _Plan:
         self.tensors += [norm.weight, getattr(norm, "bias", None)]
 
     def linear(self, call: gemv.NativeCall, out: int, bias: Tensor | None) -> None:
-        """One Linear layer's record; ``few`` carries the rows it takes and, after it, the record of the call beyond."""
+        """One Linear layer's record; ``few`` carries the rows it takes and, after it (and after ``int4-widened``'s), the
+        record of the call beyond."""
         self.ints += [LINEAR_KINDS[call.kind], call.param, out, *([gemv.FEW_ROWS] if call.kind == "few" else [])]
         self.tensors += [call.weight, call.scale, bias]
-        if call.kind == "few":
-            assert call.beyond is not None, "a few-row call names the call beyond it"
+        if call.kind in ("few", "int4-widened"):
+            assert call.beyond is not None, f"a {call.kind} call names the call beyond it"
             self.linear(call.beyond, out, bias)
 
 

@@ -31,7 +31,7 @@ namespace {
 using Tensors = std::vector<std::optional<at::Tensor>>;
 
 // How one Linear layer computes one row (aiayn/decoding/native_step.py: LINEAR_KINDS).
-enum LinearKind : int64_t { kPlain = 1, kGemv = 2, kPacked = 3, kInt4 = 4, kInt8 = 5, kFew = 6 };
+enum LinearKind : int64_t { kPlain = 1, kGemv = 2, kPacked = 3, kInt4 = 4, kInt8 = 5, kFew = 6, kInt4Widened = 7 };
 enum NormKind : int64_t { kLayerNorm = 0, kRMSNorm = 1, kNativeLayerNorm = 2, kNativeRMSNorm = 3 };  // torch's; ours (norm.cpp)
 enum Activation : int64_t { kRelu = 0, kGelu = 1, kGeluTanh = 2, kGeluTanhNative = 3, kSilu = 4, kSwiGLU = 5, kRelu2 = 6 };
 enum Attention : int64_t { kNative = 0, kSdpa = 1, kMath = 2 };
@@ -78,7 +78,7 @@ struct Linear {
     l.scale = r.tensor();
     l.bias = r.tensor();
     TORCH_CHECK(l.weight.defined(), "aiayn_native::DecodeStep: a Linear layer without its weight");
-    if (l.kind == kFew) l.beyond = std::make_shared<const Linear>(read(r));  // the record after it
+    if (l.kind == kFew || l.kind == kInt4Widened) l.beyond = std::make_shared<const Linear>(read(r));  // the record after it
     return l;
   }
 };
@@ -233,6 +233,18 @@ at::Tensor linear(const at::Tensor& x, const Linear& l) {
     case kInt4: {
       const at::Tensor flat = x.reshape({-1, x.size(-1)}).to(compute_dtype(x)).contiguous();
       return finish(at::_weight_int4pack_mm_for_cpu(flat, l.weight, l.param, l.scale->to(flat.scalar_type())), l, x);
+    }
+    case kInt4Widened: {  // more rows than `param` (a prompt): the codes widened to the activations' dtype, each group's
+                          // scale and least value applied, one matmul (Int4Linear.forward's dequantized_int4_mm: the same
+                          // ops); fewer: the call `beyond`
+      if (x.numel() <= l.param * x.size(-1)) return linear(x, *l.beyond);
+      const at::Tensor flat = x.reshape({-1, x.size(-1)}).to(compute_dtype(x)).contiguous();
+      const int64_t n = l.weight.size(0), groups = l.scale->size(2), k = 2 * l.weight.size(1);
+      const at::Tensor scale = l.scale->to(flat.scalar_type());
+      const at::Tensor w = at::stack({at::bitwise_and(l.weight, 15), at::bitwise_right_shift(l.weight, 4)}, -1)
+                               .view({n, groups, k / groups}).to(flat.scalar_type())
+                               .mul_(scale.select(1, 0).unsqueeze(-1)).add_(scale.select(1, 1).unsqueeze(-1)).view({n, k});
+      return finish(at::mm(flat, w.t()), l, x);
     }
     case kFew:  // several rows: our kernel (each weight row read once for all) up to `few` rows, more (a prompt) beyond
       if (x.numel() <= l.few * x.size(-1)) return gemv_op().call(x, l.weight, l.scale, l.bias, l.param);

@@ -82,7 +82,9 @@ class NativeCall(NamedTuple):
     layer class writes its own (``native_call``, beside its ``forward``). ``kind``: ``plain`` (``at::linear``), ``gemv``
     (our matrix-vector product, ``param`` bytes prefetched), ``few`` (several rows: ours up to :data:`FEW_ROWS`, the
     call ``beyond`` for more), ``packed`` (oneDNN's packed ``weight``), ``int8`` or ``int4`` (torch's kernels;
-    ``param``: int4's group size); ``scale``: int8's per row, int4's scales and zeros."""
+    ``param``: int8's rows above which it widens its weight instead, int4's group size), ``int4-widened`` (int4 codes
+    widened for more rows than ``param``, the call ``beyond`` for fewer); ``scale``: int8's per row, int4's scales and
+    zeros (``int4-widened``, ``gemv``: scales and least values)."""
 
     kind: str
     param: int

@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from aiayn.inference import gemv
 from aiayn.inference.gemv import NativeCall
 from aiayn.inference.precision import replace_linears
-from aiayn.inference.quantization import avx512_graphs, compute_dtype
+from aiayn.inference.quantization import PROMPT_KERNELS, avx512_graphs, compute_dtype
 
-__all__ = ["GROUP_SIZES", "KERNEL_N_MULTIPLE", "Int4Linear", "check_int4_kernel", "quantize_int4"]
+__all__ = ["GROUP_SIZES", "KERNEL_N_MULTIPLE", "Int4Linear", "check_int4_kernel", "dequantized_int4_mm", "quantize_int4"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,19 @@ def _(x: Tensor, packed: Tensor, group_size: int, scale_zeros: Tensor) -> Tensor
 
 
 weight_int4_mm = torch.ops.aiayn.weight_int4_mm
+
+
+def dequantized_int4_mm(x: Tensor, codes: Tensor, scale_least: Tensor) -> Tensor:
+    """``x (M, K)`` (bf16 or fp16) times the weight the 4-bit ``codes (N, K/2)`` stand for, each widened to ``x``'s dtype
+    as ``q * s + lo`` with its group's scale and least value (``scale_least (N, 2, G)``), by one oneDNN matmul. Why:
+    for a long prompt, where bf16 matmuls are native, torch's int4 kernel took twice this at 512 rows of GPT-2's shapes,
+    but less at 64 (a Zen 4 EPYC, 2026-12-07): timed per shape (``Int4Linear.prompt``). The C++ decoding step
+    computes the same ops (``decode_step.cpp``), so the same bits."""
+    n, groups, k = codes.shape[0], scale_least.shape[2], 2 * codes.shape[1]
+    scale = scale_least.to(x.dtype)
+    w = torch.stack([codes & 15, codes >> 4], dim=-1).view(n, groups, k // groups).to(x.dtype)
+    w = w.mul_(scale[:, 0].unsqueeze(-1)).add_(scale[:, 1].unsqueeze(-1)).view(n, k)
+    return torch.mm(x, w.t())
 
 
 def check_int4_kernel(device: torch.device | str = "cpu") -> None:
@@ -98,8 +111,8 @@ class Int4Linear(nn.Module):
         self.register_buffer("scale_least", torch.zeros(0, dtype=torch.bfloat16, device=device), persistent=False)
         # The kernel of one-row calls and of calls of a few rows (up to gemv.FEW_ROWS): "torch" or "native" /
         # "native-prefetch" (ours), set by the timed kernel choice (aiayn.inference.precision.choose_quantized_kernels);
-        # more rows (a prompt) always take torch's.
-        self.one = self.many = "torch"
+        # more rows (a prompt): one of quantization.PROMPT_KERNELS (dequantized_int4_mm above its rows), timed too.
+        self.one = self.many = self.prompt = "torch"
         self._packed_key: tuple = ()
         self._packed_from: Tensor | None = None  # the codes the layout was derived from (see _key)
         self._in_graph = False  # whether a compiled graph calls the kernel directly (set by repack)
@@ -162,6 +175,8 @@ class Int4Linear(nn.Module):
         kernel over the layout derived for the compute dtype."""
         self.ready(compute_dtype(dtype))
         torchs = NativeCall("int4", self.group_size, self.packed, self.scale_zeros)
+        if PROMPT_KERNELS[self.prompt]:  # a prompt's rows through the widened codes, fewer through torch's kernel
+            torchs = NativeCall("int4-widened", PROMPT_KERNELS[self.prompt], self.weight, self.scale_least, torchs)
         kernel = self.one if one_row else self.many
         if kernel in gemv.KERNELS and dtype in gemv.DTYPES:
             call = NativeCall("gemv", gemv.KERNELS[kernel], self.weight, self.scale_least)
@@ -182,7 +197,9 @@ class Int4Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.ready(compute)
         scale_zeros = self.scale_zeros if self.scale_zeros.dtype == compute else self.scale_zeros.to(compute)
-        if torch.compiler.is_compiling() and not self._in_graph:
+        if kernel is None and 0 < PROMPT_KERNELS[self.prompt] < flat.shape[0] and not torch.compiler.is_compiling():  # a prompt
+            out = dequantized_int4_mm(flat, self.weight, self.scale_least)
+        elif torch.compiler.is_compiling() and not self._in_graph:
             out = weight_int4_mm(flat, self.packed, self.group_size, scale_zeros)
         else:
             out = _weight_int4_mm(flat, self.packed, self.group_size, scale_zeros)

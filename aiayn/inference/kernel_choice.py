@@ -189,29 +189,38 @@ def _one_and_many(weight: Tensor, rows: int, one_names: tuple[str, ...], many_na
                     + ", ".join(f"{name} {many[name]:.3f}" for name in many_names) + f" ms ({rows} rows) -> {choice}")
 
 
-# Weight-only int8, a prompt's rows (more than gemv.FEW_ROWS): torch's kernel, or the weight widened to bf16 and one
-# oneDNN matmul (aiayn.inference.quantization.dequantized_mm), timed at PROMPT_ROWS rows where bf16 matmuls are native
-INT8_PROMPT = ("torch", "dequant")
-PROMPT_ROWS = 64
+# Weight-only int8 or int4, a prompt's rows (more than gemv.FEW_ROWS): torch's kernel, or the weight widened to bf16
+# and one oneDNN matmul (quantization.dequantized_mm, int4.dequantized_int4_mm) above the rows quantization.PROMPT_KERNELS
+# names: timed at PROMPT_ROWS rows, then at LONG_PROMPT_ROWS where it lost there, where bf16 matmuls are native
+PROMPT_TIMED = ("torch", "dequant")
+PROMPT_ROWS, LONG_PROMPT_ROWS = 64, 256
 
 
-def choose_int8_prompt_kernels(weights: list[Tensor]) -> list[str]:
-    """The kernel of a prompt's rows through each weight-only int8 ``weight (out, in)`` here, one of
-    :data:`INT8_PROMPT`: timed at :data:`PROMPT_ROWS` rows once per shape and cached with the other kernels, where this
-    CPU multiplies bf16 natively. Elsewhere torch's, untimed: there a bf16 matmul is a generic loop, about 150x an
-    fp32 one on an AVX2-only EPYC (``docs/benchmarks.md``). Any override but ``measure`` takes torch's."""
+def choose_prompt_kernels(weights: list[Tensor], groups: list[int]) -> list[str]:
+    """The kernel of a prompt's rows through each weight-only ``weight``: int8 ``(out, in)`` (group 0) or int4 codes
+    ``(out, in / 2)`` in groups of ``groups[i]`` inputs; one of :data:`~aiayn.inference.quantization.PROMPT_KERNELS`,
+    timed once per shape and cached with the other kernels, where this CPU multiplies bf16 natively: ``dequant``
+    where the widened weight is faster at :data:`PROMPT_ROWS` rows, ``dequant-long`` where only at
+    :data:`LONG_PROMPT_ROWS`, else ``torch``. Elsewhere torch's, untimed: there a bf16 matmul is a generic loop, about
+    150x an fp32 one on an AVX2-only EPYC (``docs/benchmarks.md``). Any override but ``measure`` takes torch's."""
     from aiayn.inference.precision import native_bf16
+    from aiayn.inference.quantization import PROMPT_KERNELS
 
     if not weights or kernel_mode() != "measure" or not native_bf16(torch.device("cpu")):
         return ["torch"] * len(weights)
-    shapes = [f"{w.shape[1]}->{w.shape[0]} int8 weight-only {PROMPT_ROWS} rows (a prompt){_pages()}" for w in weights]
+    shapes = [f"{2 * w.shape[1]}->{w.shape[0]} int4 g{g} weight-only prompt rows{_pages()}" if g else
+              f"{w.shape[1]}->{w.shape[0]} int8 weight-only prompt rows{_pages()}" for w, g in zip(weights, groups)]
 
-    def timed(weight: Tensor) -> tuple[str, str]:
-        times = _time_kernels(weight, PROMPT_ROWS, INT8_PROMPT, rounds=3)
-        choice = _fastest({name: times[name] for name in INT8_PROMPT})
-        return choice, ", ".join(f"{name} {times[name]:.3f}" for name in INT8_PROMPT) + f" ms ({PROMPT_ROWS} rows) -> {choice}"
+    def timed(item: tuple[Tensor, int]) -> tuple[str, str]:
+        words = []
+        for rows, name in ((PROMPT_ROWS, "dequant"), (LONG_PROMPT_ROWS, "dequant-long")):
+            times = _time_kernels(item[0], rows, PROMPT_TIMED, rounds=3, group=item[1])
+            words.append(", ".join(f"{kernel} {times[kernel]:.3f}" for kernel in PROMPT_TIMED) + f" ms ({rows} rows)")
+            if times["dequant"] < times["torch"]:
+                return name, "; ".join(words) + f" -> {name}"
+        return "torch", "; ".join(words) + " -> torch"
 
-    return _cached(shapes, weights, INT8_PROMPT, timed, "int8 prompt kernels")
+    return _cached(shapes, list(zip(weights, groups)), tuple(PROMPT_KERNELS), timed, "prompt kernels")
 
 
 TRAINING = ("plain", "onednn")  # fp32 training: MKL through F.linear and its autograd, or oneDNN (aiayn.nn.onednn_linear)
@@ -936,8 +945,13 @@ def _kernel(name: str, weight: Tensor, x: Tensor, group: int = 0) -> Callable[[]
     serve as torch's packed layout too (the same bytes a row: its time, not its values, is what counts here)."""
     if group:
         out, groups = weight.shape[0], 2 * weight.shape[1] // group
-        if name in GEMV_KERNELS:
+        if name in GEMV_KERNELS or name == "dequant":
             scale_least = torch.rand(out, 2, groups).bfloat16()
+            if name == "dequant":
+                from aiayn.inference.int4 import dequantized_int4_mm
+
+                xb = x.bfloat16()
+                return lambda: dequantized_int4_mm(xb, weight, scale_least)
             return lambda: gemv_int4(x, weight, scale_least, None, GEMV_KERNELS[name])
         padded = F.pad(weight, (0, 0, 0, -out % KERNEL_N_MULTIPLE))  # torch's kernel's blocks of outputs, as Int4Linear pads
         scale_zeros, xb = torch.rand(groups, padded.shape[0], 2).bfloat16(), x.bfloat16()

@@ -238,9 +238,9 @@ def pack_linears(model: nn.Module, rows: int | None = None) -> int:
 def choose_quantized_kernels(model: nn.Module) -> None:
     """Set each weight-only int8 and int4 layer's kernels (``one`` for one row, ``many`` for a few: torch's
     ``_weight_int8pack_mm`` or ``_weight_int4pack_mm_for_cpu``, or our native matrix-vector product, without or with
-    prefetching; int8's ``prompt`` for more), timed once per shape and cached as the Linear kernels are."""
+    prefetching; ``prompt`` for more), timed once per shape and cached as the Linear kernels are."""
     from aiayn.inference.int4 import Int4Linear
-    from aiayn.inference.kernel_choice import choose_int4_kernels, choose_int8_kernels, choose_int8_prompt_kernels
+    from aiayn.inference.kernel_choice import choose_int4_kernels, choose_int8_kernels, choose_prompt_kernels
     from aiayn.inference.quantization import Int8Linear
 
     int8 = [m for m in model.modules() if type(m) is Int8Linear and m.weight.device.type == "cpu"]
@@ -250,8 +250,8 @@ def choose_quantized_kernels(model: nn.Module) -> None:
     layers: list[Int8Linear | Int4Linear] = [*int8, *int4]
     for layer, choice in zip(layers, choices):
         layer.one, layer.many = choice.split("/")
-    for int8_layer, prompt in zip(int8, choose_int8_prompt_kernels([m.weight for m in int8])):
-        int8_layer.prompt = prompt
+    for layer, prompt in zip(layers, choose_prompt_kernels([m.weight for m in layers], [getattr(m, "group_size", 0) for m in layers])):
+        layer.prompt = prompt
 
 
 def replace_linears(model: nn.Module, targets: list[tuple[str, nn.Linear]], make: Callable[[str, nn.Linear], nn.Module]) -> nn.Module:

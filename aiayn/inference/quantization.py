@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from aiayn.inference import gemv
 from aiayn.inference.precision import replace_linears
 
-__all__ = ["QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "dequantized_mm", "parse_quantize", "quantize", "quantize_int8",
-           "quantization_record"]
+__all__ = ["PROMPT_KERNELS", "QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "dequantized_mm", "parse_quantize", "quantize",
+           "quantize_int8", "quantization_record"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 # int4-g128 store fewer scales (aiayn.inference.int4)
 QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int8-dynamic", "int4", "int4-g64", "int4-g128")
 _KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give wrong results or crash)
+# A weight-only int8 or int4 layer's kernel of a prompt's rows -> the rows above which it widens its weight to the
+# activations' dtype for one matmul (0: never, torch's kernel), as timed (aiayn.inference.kernel_choice.choose_prompt_kernels):
+# faster at 64 rows, above gemv.FEW_ROWS; faster at 256 only ("dequant-long"), above 128
+PROMPT_KERNELS = {"torch": 0, "dequant": gemv.FEW_ROWS, "dequant-long": 128}
 
 
 @functools.cache
@@ -168,8 +172,8 @@ class Int8Linear(nn.Module):
         # The kernel of one-row calls (batch-1 decoding) and of calls of a few rows (up to gemv.FEW_ROWS: a small
         # batch, speculative checks): "torch" (_weight_int8pack_mm, bf16 activations) or "native" / "native-prefetch"
         # (our matrix-vector product over the int8 rows, fp32 sums: aiayn.inference.gemv), set by the timed kernel
-        # choice (aiayn.inference.precision.choose_quantized_kernels). More rows (a prompt): "torch", or "dequant"
-        # (dequantized_mm) where that was timed faster (aiayn.inference.kernel_choice.choose_int8_prompt_kernels).
+        # choice (aiayn.inference.precision.choose_quantized_kernels). More rows (a prompt): one of PROMPT_KERNELS
+        # (dequantized_mm above its rows) where that was timed faster (aiayn.inference.kernel_choice.choose_prompt_kernels).
         self.one = self.many = self.prompt = "torch"
         self.register_load_state_dict_post_hook(lambda module, keys: module.repack())
 
@@ -211,7 +215,7 @@ class Int8Linear(nn.Module):
             return None
         self.ready(compute_dtype(dtype))
         # param: the rows above which the step takes dequantized_mm (a prompt, as forward takes it), 0 for never
-        torchs = gemv.NativeCall("int8", gemv.FEW_ROWS if self.prompt == "dequant" else 0, self.weight, self.kernel_scale)
+        torchs = gemv.NativeCall("int8", PROMPT_KERNELS[self.prompt], self.weight, self.kernel_scale)
         if not one_row and self.many in gemv.KERNELS and dtype in gemv.DTYPES:
             return gemv.NativeCall("few", gemv.KERNELS[self.many], self.weight, self.scale, torchs)
         return torchs
@@ -232,7 +236,7 @@ class Int8Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.ready(compute)
         scale = self.kernel_scale if self.kernel_scale.dtype == compute else self.kernel_scale.to(compute)
-        if kernel is None and self.prompt == "dequant" and not torch.compiler.is_compiling():  # a prompt's rows
+        if kernel is None and 0 < PROMPT_KERNELS[self.prompt] < flat.shape[0] and not torch.compiler.is_compiling():  # a prompt
             out = dequantized_mm(flat, self.weight, scale)
         elif self.in_features % _KERNEL_K_MULTIPLE == 0:
             if torch.compiler.is_compiling():

@@ -25,16 +25,14 @@ def _loaded(dtype=None, quantize=None, **overrides):
 
 
 def _kernels(model, one, many="packed", int8="native", int8_many="torch", int8_prompt="torch"):
-    """Every floating-point Linear's one-row and several-row kernel, and every int8 or int4 layer's (and int8's of a
+    """Every floating-point Linear's one-row and several-row kernel, and every int8 or int4 layer's (and its kernel of a
     prompt's rows), set by hand."""
     for module in model.modules():
         if isinstance(module, PackedLinear):
             module.one, module.many = one, many
             module.refresh()
         elif isinstance(module, (Int8Linear, Int4Linear)):
-            module.one, module.many = int8, int8_many
-            if isinstance(module, Int8Linear):
-                module.prompt = int8_prompt
+            module.one, module.many, module.prompt = int8, int8_many, int8_prompt
 
 
 def _teacher_forced(decoder, ids, mask):
@@ -132,10 +130,11 @@ def test_several_rows_through_our_kernel_give_the_eager_logits(native_gemv, dtyp
 @pytest.mark.parametrize(("quantize", "int8", "int8_many", "prompt"), [
     ("int8", "native", "torch", "torch"), ("int8", "torch", "torch", "torch"), ("int8", "native-prefetch", "native", "torch"),
     ("int8", "torch", "native-prefetch", "torch"), ("int8", "torch", "torch", "dequant"), ("int8", "native", "native-prefetch", "dequant"),
-    ("int4", None, None, None), ("int4", "native", "torch", None), ("int4", "native-prefetch", "native", None)])
+    ("int4", None, None, None), ("int4", "native", "torch", "torch"), ("int4", "native-prefetch", "native", "torch"),
+    ("int4", "torch", "torch", "dequant"), ("int4", "native", "native", "dequant")])
 def test_quantised_layers_give_the_eager_logits(native_gemv, quantize, int8, int8_many, prompt):
     """int8 and int4 several rows through ours: the steps of three rows and the check of three tokens a row (nine rows: more
-    than gemv.FEW_ROWS, so int8's prompt kernel: torch's or the widened weight) and the prompt each take the kernel the
+    than gemv.FEW_ROWS, so the prompt kernel: torch's or the widened weight) and the prompt each take the kernel the
     eager forward takes."""
     model = _loaded(quantize=quantize, d_model=64, d_ff=128)  # int4 groups of 32 inputs
     if int8 is not None:

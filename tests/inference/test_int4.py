@@ -15,11 +15,13 @@ from aiayn.pretrained import QUANTIZATION_FILE, load_pretrained, save_pretrained
 pytestmark = pytest.mark.skipif(not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="no int4 CPU kernel in this torch")
 
 
+@pytest.mark.parametrize("prompt", ["torch", "dequant"])  # 15 rows by torch's kernel or the widened codes
 @pytest.mark.parametrize("group", [32, 64])
-def test_int4_linear_is_its_dequantised_weight(group):
+def test_int4_linear_is_its_dequantised_weight(group, prompt):
     torch.manual_seed(0)
     linear = nn.Linear(128, 40)  # 40 outputs: not a multiple of the kernel's 16 (padded)
     q = Int4Linear.from_linear(linear, group)
+    q.prompt = prompt
     codes = q.codes()
     assert codes.min() >= 0 and codes.max() <= 15 and q.weight.shape == (40, 64)
     # each group's min and max land on codes 0 and 15; the grid error is at most half a step

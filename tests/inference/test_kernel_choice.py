@@ -99,7 +99,7 @@ def test_int8_layers_take_the_faster_kernel_of_one_row_and_of_a_few_cached_and_t
     model = quantize_int8(three_layers())
     pack_linears(model)
     assert [(m.one, m.many) for m in model] == [("native", "torch"), ("torch", "native-prefetch"), ("native", "torch")]
-    assert [t for t in timed if t[1] != kernel_choice.PROMPT_ROWS] == [(torch.int8, rows, ("torch", "native", "native-prefetch")) for _ in range(2) for rows in (1, 8)]
+    assert [t for t in timed if t[2] != kernel_choice.PROMPT_TIMED] == [(torch.int8, rows, ("torch", "native", "native-prefetch")) for _ in range(2) for rows in (1, 8)]
     assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 1|8 rows, prefetch first, ours first"] == "native/torch"
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0, rounds=7: pytest.fail("timed a shape the cache decides"))
     again = quantize_int8(three_layers())
@@ -110,34 +110,42 @@ def test_int8_layers_take_the_faster_kernel_of_one_row_and_of_a_few_cached_and_t
     assert [(m.one, m.many) for m in again] == [("torch", "torch")] * 3
 
 
-def test_int8_prompts_take_the_faster_of_torchs_kernel_and_the_widened_weight_timed_where_bf16_is_native(cache, monkeypatch):
-    """A prompt's rows through an int8 layer: torch's kernel or ``dequantized_mm``, timed at PROMPT_ROWS rows once per
-    shape and cached; torch's, untimed, on a CPU without native bf16 matmuls and under any override."""
+def test_prompts_take_the_widened_weight_above_the_rows_where_it_was_timed_faster_where_bf16_is_native(cache, monkeypatch):
+    """A prompt's rows through an int8 or int4 layer: torch's kernel, or the widened weight above FEW_ROWS rows (faster
+    at PROMPT_ROWS) or above 128 (faster at LONG_PROMPT_ROWS only), timed once per shape and cached; torch's, untimed,
+    on a CPU without native bf16 matmuls and under any override."""
     from aiayn.inference import precision
+    from aiayn.inference.int4 import quantize_int4
     from aiayn.inference.quantization import quantize_int8
 
     timed = []
 
-    def fake_times(w, rows, names, group=0, rounds=7):  # the widened weight wins the 8 -> 16 shape
-        timed.append((tuple(w.shape), rows, names))
-        return {"torch": 1.0, "native": 0.5, "native-prefetch": 0.5, "dequant": 0.5 if w.shape[0] == 16 else 2.0}
+    def fake_times(w, rows, names, group=0, rounds=7):  # int8: widened faster at 64 rows for 8 -> 16 only; int4: at 256 only
+        timed.append((tuple(w.shape), group, rows, names))
+        wins = (w.shape[0] == 16) if not group else rows == kernel_choice.LONG_PROMPT_ROWS
+        return {"torch": 1.0, "native": 0.5, "native-prefetch": 0.5, "dequant": 0.5 if wins else 2.0}
 
     monkeypatch.setattr(kernel_choice, "_time_kernels", fake_times)
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     model = quantize_int8(three_layers())
     precision.choose_quantized_kernels(model)
     assert [m.prompt for m in model] == ["dequant", "torch", "dequant"]
-    assert [t for t in timed if t[1] == kernel_choice.PROMPT_ROWS] == [((16, 8), 64, ("torch", "dequant")), ((8, 16), 64, ("torch", "dequant"))]
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only 64 rows (a prompt)"] == "dequant"
+    prompts = [t for t in timed if t[3] == kernel_choice.PROMPT_TIMED]
+    assert prompts == [((16, 8), 0, 64, ("torch", "dequant")), ((8, 16), 0, 64, ("torch", "dequant")), ((8, 16), 0, 256, ("torch", "dequant"))]
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only prompt rows"] == "dequant"
+    int4 = quantize_int4(nn.Sequential(nn.Linear(64, 32)), 32)
+    precision.choose_quantized_kernels(int4)
+    assert int4[0].prompt == "dequant-long" and timed[-2:] == [((32, 32), 32, rows, ("torch", "dequant")) for rows in (64, 256)]
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda *a, **k: pytest.fail("timed a shape the cache decides"))
     again = quantize_int8(three_layers())
     precision.choose_quantized_kernels(again)
     assert [m.prompt for m in again] == ["dequant", "torch", "dequant"]
+    weights = [m.weight for m in again]
     monkeypatch.setattr(precision, "native_bf16", lambda device: False)  # a bf16 matmul is a generic loop there
-    assert kernel_choice.choose_int8_prompt_kernels([m.weight for m in again]) == ["torch"] * 3
+    assert kernel_choice.choose_prompt_kernels(weights, [0] * 3) == ["torch"] * 3
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     monkeypatch.setenv(kernel_choice.ENV_VAR, "packed")
-    assert kernel_choice.choose_int8_prompt_kernels([m.weight for m in again]) == ["torch"] * 3
+    assert kernel_choice.choose_prompt_kernels(weights, [0] * 3) == ["torch"] * 3
 
 
 def test_int4_layers_take_the_faster_kernel_timed_on_their_codes_and_group_cached_and_the_override_takes_torchs(cache, monkeypatch):
@@ -146,9 +154,9 @@ def test_int4_layers_take_the_faster_kernel_timed_on_their_codes_and_group_cache
     monkeypatch.setattr(kernel_choice, "gemv_available", lambda: True)
     timed = []
 
-    def fake_times(w, rows, names, group=0):  # one row: ours wins the 64 -> 32 shape; eight rows: torch wins both
+    def fake_times(w, rows, names, group=0, rounds=7):  # one row: ours wins the 64 -> 32 shape; eight rows: torch wins both
         timed.append((w.dtype, tuple(w.shape), group, rows, names))
-        return {"torch": 1.0 if rows > 1 or w.shape[0] == 64 else 2.0, "native": 1.5, "native-prefetch": 1.45}
+        return {"torch": 1.0 if rows > 1 or w.shape[0] == 64 else 2.0, "native": 1.5, "native-prefetch": 1.45, "dequant": 3.0}
 
     def two_layers() -> nn.Module:
         return nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 64))
@@ -158,9 +166,10 @@ def test_int4_layers_take_the_faster_kernel_timed_on_their_codes_and_group_cache
     pack_linears(model)
     assert [(m.one, m.many) for m in model] == [("native-prefetch", "torch"), ("torch", "torch")]
     # timed on the codes as the layer holds them (uint8, two to a byte) with the group size
-    assert timed == [(torch.uint8, shape, 32, rows, ("torch", "native", "native-prefetch")) for shape in ((32, 32), (64, 16)) for rows in (1, 8)]
+    assert [t for t in timed if t[4] != kernel_choice.PROMPT_TIMED] == [(torch.uint8, shape, 32, rows, ("torch", "native", "native-prefetch"))
+                                                                      for shape in ((32, 32), (64, 16)) for rows in (1, 8)]
     assert json.loads(cache.read_text())[kernel_choice.machine_key()]["64->32 int4 g32 weight-only 1|8 rows, prefetch first, ours first"] == "native-prefetch/torch"
-    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda w, rows, names, group=0: pytest.fail("timed a shape the cache decides"))
+    monkeypatch.setattr(kernel_choice, "_time_kernels", lambda *a, **k: pytest.fail("timed a shape the cache decides"))
     again = quantize_int4(two_layers(), 32)
     pack_linears(again)
     assert [(m.one, m.many) for m in again] == [("native-prefetch", "torch"), ("torch", "torch")]
