@@ -237,7 +237,7 @@ at::Tensor linear(const at::Tensor& x, const Linear& l) {
     case kInt4Widened: {  // more rows than `param` (a prompt): the codes widened to the activations' dtype, each group's
                           // scale and least value applied, one matmul (Int4Linear.forward's dequantized_int4_mm: the same
                           // ops); fewer: the call `beyond`
-      if (x.numel() <= l.param * x.size(-1)) return linear(x, *l.beyond);
+      if (x.numel() <= l.param * x.size(-1) || compute_dtype(x) != at::kBFloat16) return linear(x, *l.beyond);  // as widens()
       const at::Tensor flat = x.reshape({-1, x.size(-1)}).to(compute_dtype(x)).contiguous();
       const int64_t n = l.weight.size(0), groups = l.scale->size(2), k = 2 * l.weight.size(1);
       const at::Tensor scale = l.scale->to(flat.scalar_type());
@@ -253,7 +253,9 @@ at::Tensor linear(const at::Tensor& x, const Linear& l) {
                    // matmul, where that was timed faster (Int8Linear.forward's dequantized_mm: the same ops)
       const at::Tensor flat = x.reshape({-1, x.size(-1)}).to(compute_dtype(x)).contiguous();
       const at::Tensor scale = l.scale->to(flat.scalar_type());
-      if (l.param > 0 && flat.size(0) > l.param) return finish(at::mm(flat, l.weight.to(flat.scalar_type()).t()).mul_(scale), l, x);
+      if (l.param > 0 && flat.size(0) > l.param && flat.scalar_type() == at::kBFloat16) {  // as quantization.widens() decides
+        return finish(at::mm(flat, l.weight.to(flat.scalar_type()).t()).mul_(scale), l, x);
+      }
       return finish(at::_weight_int8pack_mm(flat, l.weight, scale), l, x);
     }
     default:

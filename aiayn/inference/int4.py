@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from aiayn.inference import gemv
 from aiayn.inference.gemv import NativeCall
 from aiayn.inference.precision import replace_linears
-from aiayn.inference.quantization import PROMPT_KERNELS, avx512_graphs, compute_dtype
+from aiayn.inference.quantization import PROMPT_KERNELS, avx512_graphs, compute_dtype, widens
 
 __all__ = ["GROUP_SIZES", "KERNEL_N_MULTIPLE", "Int4Linear", "check_int4_kernel", "dequantized_int4_mm", "quantize_int4"]
 
@@ -197,7 +197,7 @@ class Int4Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.ready(compute)
         scale_zeros = self.scale_zeros if self.scale_zeros.dtype == compute else self.scale_zeros.to(compute)
-        if kernel is None and 0 < PROMPT_KERNELS[self.prompt] < flat.shape[0] and not torch.compiler.is_compiling():  # a prompt
+        if kernel is None and widens(self.prompt, flat) and not torch.compiler.is_compiling():  # a prompt's rows
             out = dequantized_int4_mm(flat, self.weight, self.scale_least)
         elif torch.compiler.is_compiling() and not self._in_graph:
             out = weight_int4_mm(flat, self.packed, self.group_size, scale_zeros)

@@ -23,7 +23,7 @@ from aiayn.inference import gemv
 from aiayn.inference.precision import replace_linears
 
 __all__ = ["PROMPT_KERNELS", "QUANTIZATIONS", "Int8Linear", "check_int8_kernel", "dequantized_mm", "parse_quantize", "quantize",
-           "quantize_int8", "quantization_record"]
+           "quantize_int8", "quantization_record", "widens"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,12 @@ _KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give 
 # activations' dtype for one matmul (0: never, torch's kernel), as timed (aiayn.inference.kernel_choice.choose_prompt_kernels):
 # faster at 64 rows, above gemv.FEW_ROWS; faster at 256 only ("dequant-long"), above 128
 PROMPT_KERNELS = {"torch": 0, "dequant": gemv.FEW_ROWS, "dequant-long": 128}
+
+
+def widens(prompt: str, flat: Tensor) -> bool:
+    """Whether a weight-only layer of prompt kernel ``prompt`` widens its weight for the activations ``flat (M, K)``:
+    more rows than its threshold, in bf16 (the dtype it was timed in; fp16's matmuls on the CPU are another matter)."""
+    return 0 < PROMPT_KERNELS[prompt] < flat.shape[0] and flat.dtype == torch.bfloat16
 
 
 @functools.cache
@@ -236,7 +242,7 @@ class Int8Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.ready(compute)
         scale = self.kernel_scale if self.kernel_scale.dtype == compute else self.kernel_scale.to(compute)
-        if kernel is None and 0 < PROMPT_KERNELS[self.prompt] < flat.shape[0] and not torch.compiler.is_compiling():  # a prompt
+        if kernel is None and widens(self.prompt, flat) and not torch.compiler.is_compiling():  # a prompt's rows
             out = dequantized_mm(flat, self.weight, scale)
         elif self.in_features % _KERNEL_K_MULTIPLE == 0:
             if torch.compiler.is_compiling():

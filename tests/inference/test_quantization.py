@@ -122,3 +122,17 @@ def test_an_eager_decode_step_casts_only_where_the_activations_change_dtype():
     assert casts(cast_model(quantize_int8(copy.deepcopy(model)), torch.bfloat16)) == 0
     int8 = quantize_int8(copy.deepcopy(model))
     assert casts(int8) == 2 * sum(isinstance(m, Int8Linear) for m in int8.modules())
+
+
+def test_a_prompt_widens_the_int8_weight_above_its_rows_and_in_bf16_only(monkeypatch):
+    """``prompt='dequant'``: more rows than gemv.FEW_ROWS in bf16 (fp32 inputs compute in bf16) take the widened weight;
+    fewer rows, and fp16 activations (not what was timed), keep torch's kernel."""
+    torch.manual_seed(0)
+    q = Int8Linear.from_linear(nn.Linear(32, 24))
+    q.prompt = "dequant"
+    widened = []
+    monkeypatch.setattr(quantization, "dequantized_mm", lambda *args: widened.append(args[0].shape) or torch.mm(args[0], args[1].to(args[0].dtype).t()).mul_(args[2]))
+    q(torch.randn(9, 32))
+    q(torch.randn(8, 32))
+    q(torch.randn(9, 32).half())
+    assert widened == [(9, 32)]
