@@ -191,29 +191,30 @@ def _one_and_many(weight: Tensor, rows: int, one_names: tuple[str, ...], many_na
 
 # Weight-only int8 or int4, a prompt's rows (more than gemv.FEW_ROWS): torch's kernel, or the weight widened to bf16
 # and one oneDNN matmul (quantization.dequantized_mm, int4.dequantized_int4_mm) above the rows quantization.PROMPT_KERNELS
-# names: timed at PROMPT_ROWS rows, then at LONG_PROMPT_ROWS where it lost there, where bf16 matmuls are native
+# names: timed at each row count of PROMPT_LADDER in turn until the widened weight wins, where bf16 matmuls are native
 PROMPT_TIMED = ("torch", "dequant")
-PROMPT_ROWS, LONG_PROMPT_ROWS = 64, 256
+PROMPT_LADDER = ((64, "dequant"), (128, "dequant-mid"), (256, "dequant-long"))  # rows timed -> the choice where it wins
 
 
 def choose_prompt_kernels(weights: list[Tensor], groups: list[int]) -> list[str]:
     """The kernel of a prompt's rows through each weight-only ``weight``: int8 ``(out, in)`` (group 0) or int4 codes
     ``(out, in / 2)`` in groups of ``groups[i]`` inputs; one of :data:`~aiayn.inference.quantization.PROMPT_KERNELS`,
-    timed once per shape and cached with the other kernels, where this CPU multiplies bf16 natively: ``dequant``
-    where the widened weight is faster at :data:`PROMPT_ROWS` rows, ``dequant-long`` where only at
-    :data:`LONG_PROMPT_ROWS`, else ``torch``. Elsewhere torch's, untimed: there a bf16 matmul is a generic loop, about
+    timed once per shape and cached with the other kernels, where this CPU multiplies bf16 natively: the first of
+    :data:`PROMPT_LADDER` whose rows the widened weight is faster at, else ``torch`` (its threshold lies between that
+    row count and the one before). Elsewhere torch's, untimed: there a bf16 matmul is a generic loop, about
     150x an fp32 one on an AVX2-only EPYC (``docs/benchmarks.md``). Any override but ``measure`` takes torch's."""
     from aiayn.inference.precision import native_bf16
     from aiayn.inference.quantization import PROMPT_KERNELS
 
     if not weights or kernel_mode() != "measure" or not native_bf16(torch.device("cpu")):
         return ["torch"] * len(weights)
-    shapes = [f"{2 * w.shape[1]}->{w.shape[0]} int4 g{g} weight-only prompt rows{_pages()}" if g else
-              f"{w.shape[1]}->{w.shape[0]} int8 weight-only prompt rows{_pages()}" for w, g in zip(weights, groups)]
+    ladder = "|".join(str(rows) for rows, _ in PROMPT_LADDER)
+    shapes = [f"{2 * w.shape[1]}->{w.shape[0]} int4 g{g} weight-only prompt {ladder} rows{_pages()}" if g else
+              f"{w.shape[1]}->{w.shape[0]} int8 weight-only prompt {ladder} rows{_pages()}" for w, g in zip(weights, groups)]
 
     def timed(item: tuple[Tensor, int]) -> tuple[str, str]:
         words = []
-        for rows, name in ((PROMPT_ROWS, "dequant"), (LONG_PROMPT_ROWS, "dequant-long")):
+        for rows, name in PROMPT_LADDER:
             times = _time_kernels(item[0], rows, PROMPT_TIMED, rounds=3, group=item[1])
             words.append(", ".join(f"{kernel} {times[kernel]:.3f}" for kernel in PROMPT_TIMED) + f" ms ({rows} rows)")
             if times["dequant"] < times["torch"]:

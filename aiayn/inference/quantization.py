@@ -33,8 +33,8 @@ QUANTIZATIONS: tuple[str, ...] = ("none", "int8", "int8-dynamic", "int4", "int4-
 _KERNEL_K_MULTIPLE = 16  # the CPU kernel reads K in blocks of 16 (other K give wrong results or crash)
 # A weight-only int8 or int4 layer's kernel of a prompt's rows -> the rows above which it widens its weight to the
 # activations' dtype for one matmul (0: never, torch's kernel), as timed (aiayn.inference.kernel_choice.choose_prompt_kernels):
-# faster at 64 rows, above gemv.FEW_ROWS; faster at 256 only ("dequant-long"), above 128
-PROMPT_KERNELS = {"torch": 0, "dequant": gemv.FEW_ROWS, "dequant-long": 128}
+# faster at 64 rows, above gemv.FEW_ROWS; faster at 128 rows but not 64, above 96; at 256 only, above 192
+PROMPT_KERNELS = {"torch": 0, "dequant": gemv.FEW_ROWS, "dequant-mid": 96, "dequant-long": 192}
 
 
 def widens(prompt: str, flat: Tensor) -> bool:

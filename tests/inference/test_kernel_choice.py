@@ -111,9 +111,9 @@ def test_int8_layers_take_the_faster_kernel_of_one_row_and_of_a_few_cached_and_t
 
 
 def test_prompts_take_the_widened_weight_above_the_rows_where_it_was_timed_faster_where_bf16_is_native(cache, monkeypatch):
-    """A prompt's rows through an int8 or int4 layer: torch's kernel, or the widened weight above FEW_ROWS rows (faster
-    at PROMPT_ROWS) or above 128 (faster at LONG_PROMPT_ROWS only), timed once per shape and cached; torch's, untimed,
-    on a CPU without native bf16 matmuls and under any override."""
+    """A prompt's rows through an int8 or int4 layer: torch's kernel, or the widened weight above the rows of the first
+    row count of PROMPT_LADDER it was timed faster at, timed once per shape and cached; torch's, untimed, on a CPU
+    without native bf16 matmuls and under any override."""
     from aiayn.inference import precision
     from aiayn.inference.int4 import quantize_int4
     from aiayn.inference.quantization import quantize_int8
@@ -122,7 +122,7 @@ def test_prompts_take_the_widened_weight_above_the_rows_where_it_was_timed_faste
 
     def fake_times(w, rows, names, group=0, rounds=7):  # int8: widened faster at 64 rows for 8 -> 16 only; int4: at 256 only
         timed.append((tuple(w.shape), group, rows, names))
-        wins = (w.shape[0] == 16) if not group else rows == kernel_choice.LONG_PROMPT_ROWS
+        wins = (w.shape[0] == 16) if not group else rows == 256
         return {"torch": 1.0, "native": 0.5, "native-prefetch": 0.5, "dequant": 0.5 if wins else 2.0}
 
     monkeypatch.setattr(kernel_choice, "_time_kernels", fake_times)
@@ -131,11 +131,11 @@ def test_prompts_take_the_widened_weight_above_the_rows_where_it_was_timed_faste
     precision.choose_quantized_kernels(model)
     assert [m.prompt for m in model] == ["dequant", "torch", "dequant"]
     prompts = [t for t in timed if t[3] == kernel_choice.PROMPT_TIMED]
-    assert prompts == [((16, 8), 0, 64, ("torch", "dequant")), ((8, 16), 0, 64, ("torch", "dequant")), ((8, 16), 0, 256, ("torch", "dequant"))]
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only prompt rows"] == "dequant"
+    assert prompts == [((16, 8), 0, 64, ("torch", "dequant")), *[((8, 16), 0, rows, ("torch", "dequant")) for rows in (64, 128, 256)]]
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["8->16 int8 weight-only prompt 64|128|256 rows"] == "dequant"
     int4 = quantize_int4(nn.Sequential(nn.Linear(64, 32)), 32)
     precision.choose_quantized_kernels(int4)
-    assert int4[0].prompt == "dequant-long" and timed[-2:] == [((32, 32), 32, rows, ("torch", "dequant")) for rows in (64, 256)]
+    assert int4[0].prompt == "dequant-long" and timed[-3:] == [((32, 32), 32, rows, ("torch", "dequant")) for rows in (64, 128, 256)]
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda *a, **k: pytest.fail("timed a shape the cache decides"))
     again = quantize_int8(three_layers())
     precision.choose_quantized_kernels(again)
