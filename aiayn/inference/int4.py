@@ -197,7 +197,7 @@ class Int4Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.ready(compute)
         scale_zeros = self.scale_zeros if self.scale_zeros.dtype == compute else self.scale_zeros.to(compute)
-        if kernel is None and widens(self.prompt, flat) and not torch.compiler.is_compiling():  # a prompt's rows
+        if widens(self.prompt, flat):  # a prompt's rows
             out = dequantized_int4_mm(flat, self.weight, self.scale_least)
         elif torch.compiler.is_compiling() and not self._in_graph:
             out = weight_int4_mm(flat, self.packed, self.group_size, scale_zeros)

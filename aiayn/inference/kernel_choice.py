@@ -65,7 +65,9 @@ from aiayn.inference.huge_pages import ENV_VAR as HUGE_PAGES_ENV_VAR
 from aiayn.inference.huge_pages import MODES as HUGE_PAGES_MODES
 from aiayn.inference.huge_pages import huge_page_bytes, huge_page_copies
 from aiayn.inference.huge_pages import unavailable_reason as huge_pages_reason
-from aiayn.inference.int4 import KERNEL_N_MULTIPLE
+from aiayn.inference.int4 import KERNEL_N_MULTIPLE, dequantized_int4_mm
+from aiayn.inference.precision import native_bf16
+from aiayn.inference.quantization import PROMPT_KERNELS, dequantized_mm
 from aiayn.inference.split_linear import split_linear, split_parts
 from aiayn.untrusted import read_json_file
 
@@ -203,9 +205,6 @@ def choose_prompt_kernels(weights: list[Tensor], groups: list[int]) -> list[str]
     :data:`PROMPT_LADDER` whose rows the widened weight is faster at, else ``torch`` (its threshold lies between that
     row count and the one before). Elsewhere torch's, untimed: there a bf16 matmul is a generic loop, about
     150x an fp32 one on an AVX2-only EPYC (``docs/benchmarks.md``). Any override but ``measure`` takes torch's."""
-    from aiayn.inference.precision import native_bf16
-    from aiayn.inference.quantization import PROMPT_KERNELS
-
     if not weights or kernel_mode() != "measure" or not native_bf16(torch.device("cpu")):
         return ["torch"] * len(weights)
     ladder = "|".join(str(rows) for rows, _ in PROMPT_LADDER)
@@ -946,13 +945,11 @@ def _kernel(name: str, weight: Tensor, x: Tensor, group: int = 0) -> Callable[[]
     serve as torch's packed layout too (the same bytes a row: its time, not its values, is what counts here)."""
     if group:
         out, groups = weight.shape[0], 2 * weight.shape[1] // group
-        if name in GEMV_KERNELS or name == "dequant":
-            scale_least = torch.rand(out, 2, groups).bfloat16()
-            if name == "dequant":
-                from aiayn.inference.int4 import dequantized_int4_mm
-
-                xb = x.bfloat16()
-                return lambda: dequantized_int4_mm(xb, weight, scale_least)
+        scale_least = torch.rand(out, 2, groups).bfloat16()  # the scales and least values ours and the widened codes read
+        if name == "dequant":
+            xb = x.bfloat16()
+            return lambda: dequantized_int4_mm(xb, weight, scale_least)
+        if name in GEMV_KERNELS:
             return lambda: gemv_int4(x, weight, scale_least, None, GEMV_KERNELS[name])
         padded = F.pad(weight, (0, 0, 0, -out % KERNEL_N_MULTIPLE))  # torch's kernel's blocks of outputs, as Int4Linear pads
         scale_zeros, xb = torch.rand(groups, padded.shape[0], 2).bfloat16(), x.bfloat16()
@@ -963,8 +960,6 @@ def _kernel(name: str, weight: Tensor, x: Tensor, group: int = 0) -> Callable[[]
             return lambda: gemv_int8(x, weight, scale, None, GEMV_KERNELS[name])
         xb, sb = x.bfloat16(), scale.bfloat16()
         if name == "dequant":
-            from aiayn.inference.quantization import dequantized_mm
-
             return lambda: dequantized_mm(xb, weight, sb)
         return lambda: torch.ops.aten._weight_int8pack_mm(xb, weight, sb)
     if name == "packed":

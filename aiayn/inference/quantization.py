@@ -39,8 +39,9 @@ PROMPT_KERNELS = {"torch": 0, "dequant": gemv.FEW_ROWS, "dequant-mid": 96, "dequ
 
 def widens(prompt: str, flat: Tensor) -> bool:
     """Whether a weight-only layer of prompt kernel ``prompt`` widens its weight for the activations ``flat (M, K)``:
-    more rows than its threshold, in bf16 (the dtype it was timed in; fp16's matmuls on the CPU are another matter)."""
-    return 0 < PROMPT_KERNELS[prompt] < flat.shape[0] and flat.dtype == torch.bfloat16
+    more rows than its threshold (each gemv.FEW_ROWS or more, so never a call of one row or a few), in bf16
+    (the dtype it was timed in; fp16's matmuls on the CPU are another matter), eagerly (a compiled graph calls torch's)."""
+    return 0 < PROMPT_KERNELS[prompt] < flat.shape[0] and flat.dtype == torch.bfloat16 and not torch.compiler.is_compiling()
 
 
 @functools.cache
@@ -242,7 +243,7 @@ class Int8Linear(nn.Module):
         if not torch.compiler.is_compiling():
             self.ready(compute)
         scale = self.kernel_scale if self.kernel_scale.dtype == compute else self.kernel_scale.to(compute)
-        if kernel is None and widens(self.prompt, flat) and not torch.compiler.is_compiling():  # a prompt's rows
+        if widens(self.prompt, flat):  # a prompt's rows
             out = dequantized_mm(flat, self.weight, scale)
         elif self.in_features % _KERNEL_K_MULTIPLE == 0:
             if torch.compiler.is_compiling():

@@ -126,7 +126,7 @@ def test_prompts_take_the_widened_weight_above_the_rows_where_it_was_timed_faste
         return {"torch": 1.0, "native": 0.5, "native-prefetch": 0.5, "dequant": 0.5 if wins else 2.0}
 
     monkeypatch.setattr(kernel_choice, "_time_kernels", fake_times)
-    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    monkeypatch.setattr(kernel_choice, "native_bf16", lambda device: True)
     model = quantize_int8(three_layers())
     precision.choose_quantized_kernels(model)
     assert [m.prompt for m in model] == ["dequant", "torch", "dequant"]
@@ -141,9 +141,9 @@ def test_prompts_take_the_widened_weight_above_the_rows_where_it_was_timed_faste
     precision.choose_quantized_kernels(again)
     assert [m.prompt for m in again] == ["dequant", "torch", "dequant"]
     weights = [m.weight for m in again]
-    monkeypatch.setattr(precision, "native_bf16", lambda device: False)  # a bf16 matmul is a generic loop there
+    monkeypatch.setattr(kernel_choice, "native_bf16", lambda device: False)  # a bf16 matmul is a generic loop there
     assert kernel_choice.choose_prompt_kernels(weights, [0] * 3) == ["torch"] * 3
-    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    monkeypatch.setattr(kernel_choice, "native_bf16", lambda device: True)
     monkeypatch.setenv(kernel_choice.ENV_VAR, "packed")
     assert kernel_choice.choose_prompt_kernels(weights, [0] * 3) == ["torch"] * 3
 
