@@ -36,9 +36,22 @@ constexpr int64_t kGroup = 4;
 constexpr int64_t kGroup = 2;
 #endif
 
+// One weight row's dot products with M inputs: fp32 inputs through dots(); bf16 weights with bf16 inputs through
+// AVX512-BF16's products of pairs where the CPU has them (gemv() takes that path for widths that are multiples of 32).
+template <int M, typename W>
+inline void row_dots(const W* w, const float* x, int64_t n, int64_t ahead, float* d) {
+  dots<1, M>(w, x, n, ahead, d);
+}
+#if defined(__AVX512BF16__)
+template <int M>
+inline void row_dots(const at::BFloat16* w, const at::BFloat16* x, int64_t n, int64_t ahead, float* d) {
+  dots_bf16<M>(w, x, n, ahead, d);
+}
+#endif
+
 // y (m_rows, out) = x (m_rows, in) W^T, each output feature's weight row read from memory once for all the inputs.
-template <typename W, typename B, typename Y>
-void rows(const W* w, const float* x, int64_t m_rows, const float* scale, const B* bias, Y* y, int64_t out, int64_t in,
+template <typename W, typename X, typename B, typename Y>
+void rows(const W* w, const X* x, int64_t m_rows, const float* scale, const B* bias, Y* y, int64_t out, int64_t in,
           int64_t ahead) {
   // At least 32 Ki multiply-adds a block: a small layer runs on one thread rather than pay for waking the others.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in * m_rows, 1));
@@ -52,14 +65,14 @@ void rows(const W* w, const float* x, int64_t m_rows, const float* scale, const 
         const W* row = w + o * in;
         for (int64_t m0 = 0; m0 < m_rows; m0 += kGroup) {
           const int64_t g = std::min(kGroup, m_rows - m0), a = m0 ? 0 : ahead;  // later groups read the row from L1
-          const float* xg = x + m0 * in;
+          const X* xg = x + m0 * in;
           switch (g) {
 #if defined(__AVX512F__)
-            case 4: dots<1, 4>(row, xg, in, a, d); break;
-            case 3: dots<1, 3>(row, xg, in, a, d); break;
+            case 4: row_dots<4>(row, xg, in, a, d); break;
+            case 3: row_dots<3>(row, xg, in, a, d); break;
 #endif
-            case 2: dots<1, 2>(row, xg, in, a, d); break;
-            default: dots<1, 1>(row, xg, in, a, d); break;
+            case 2: row_dots<2>(row, xg, in, a, d); break;
+            default: row_dots<1>(row, xg, in, a, d); break;
           }
           for (int64_t i = 0; i < g; ++i) write(m0 + i, o, d[i]);
         }
@@ -77,7 +90,7 @@ void rows(const W* w, const float* x, int64_t m_rows, const float* scale, const 
       }
     }
     for (float d; o < end; ++o) {
-      dots<1>(w + o * in, x, in, ahead, &d);
+      row_dots<1>(w + o * in, x, in, ahead, &d);
       write(0, o, d);
     }
   });
@@ -101,10 +114,10 @@ void int4_rows(const uint8_t* codes, const at::BFloat16* scale_least, const floa
   });
 }
 
-// The typed pointers of one call: weight fp32, bf16, int8 or 4-bit codes (uint8, with `scale_least`); bias none, fp32 or
-// bf16; y fp32 or bf16.
-template <typename Y>
-void typed(const at::Tensor& weight, const float* x, int64_t m_rows, const float* scale, const at::Tensor& scale_least,
+// The typed pointers of one call: weight fp32, bf16, int8 or 4-bit codes (uint8, with `scale_least`) with fp32 rows x,
+// or bf16 weights with bf16 rows (X); bias none, fp32 or bf16; y fp32 or bf16.
+template <typename X, typename Y>
+void typed(const at::Tensor& weight, const X* x, int64_t m_rows, const float* scale, const at::Tensor& scale_least,
            const at::Tensor& bias, Y* y, int64_t out, int64_t in, int64_t ahead) {
   auto with_bias = [&](auto run) {
     if (!bias.defined()) {
@@ -115,20 +128,22 @@ void typed(const at::Tensor& weight, const float* x, int64_t m_rows, const float
       run(bias.const_data_ptr<float>());
     }
   };
-  if (weight.scalar_type() == at::kByte) {
+  if constexpr (std::is_same_v<X, at::BFloat16>) {  // bf16 rows as they are: bf16 weights only
+    with_bias([&](const auto* b) { rows(weight.const_data_ptr<at::BFloat16>(), x, m_rows, scale, b, y, out, in, ahead); });
+  } else if (weight.scalar_type() == at::kByte) {
     const int64_t group = in / scale_least.size(-1);
     with_bias([&](const auto* b) {
       int4_rows(weight.const_data_ptr<uint8_t>(), scale_least.const_data_ptr<at::BFloat16>(), x, m_rows, b, y, out, in, group, ahead);
     });
-    return;
-  }
-  auto dense = [&](const auto* w) { with_bias([&](const auto* b) { rows(w, x, m_rows, scale, b, y, out, in, ahead); }); };
-  if (weight.scalar_type() == at::kFloat) {
-    dense(weight.const_data_ptr<float>());
-  } else if (weight.scalar_type() == at::kBFloat16) {
-    dense(weight.const_data_ptr<at::BFloat16>());
   } else {
-    dense(weight.const_data_ptr<int8_t>());
+    auto dense = [&](const auto* w) { with_bias([&](const auto* b) { rows(w, x, m_rows, scale, b, y, out, in, ahead); }); };
+    if (weight.scalar_type() == at::kFloat) {
+      dense(weight.const_data_ptr<float>());
+    } else if (weight.scalar_type() == at::kBFloat16) {
+      dense(weight.const_data_ptr<at::BFloat16>());
+    } else {
+      dense(weight.const_data_ptr<int8_t>());
+    }
   }
 }
 
@@ -143,8 +158,9 @@ at::Tensor float_or_bf16(const at::Tensor& t) {
 // groups' bf16 scales and least values (out, 2, groups) as `scale`; x fp32 or bf16, y in x's dtype; the
 // weights prefetched `prefetch` bytes ahead (0: none). Each weight row is read once for all the rows of x, so a few rows
 // cost little more than one where the weights' streaming is the limit (which rows count as few is timed: kernel_choice.py).
-// One allocation (y) and no other torch operator a call: a bf16 x is widened here, and y written in its dtype
-// (through torch's conversions, three more operators a call took 0.48 ms of a 4.9 ms bf16 GPT-2 token).
+// One allocation (y) and no other torch operator a call: a bf16 x is widened here (with bf16 weights on a CPU with
+// AVX512-BF16, read as it is), and y written in its dtype (through torch's conversions, three more operators a call took
+// 0.48 ms of a 4.9 ms bf16 GPT-2 token).
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
                 const std::optional<at::Tensor>& bias, int64_t prefetch) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "aiayn_native::gemv: CPU tensors only");
@@ -182,6 +198,17 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
     TORCH_CHECK(b.numel() == out, "aiayn_native::gemv: bias must have ", out, " elements, got ", b.numel());
   }
   const at::Tensor row = x.contiguous();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());  // x's shape, its last dimension `out`: no view after
+  shape.back() = out;  // (one row of shape (in,) or (1, ..., in): the same shape with `out` last)
+  at::Tensor y = at::empty(shape, x.options());
+  if (m_rows == 0) return y;  // no rows: nothing to write
+#if defined(__AVX512BF16__)
+  if (wtype == at::kBFloat16 && row.scalar_type() == at::kBFloat16 && in % 32 == 0) {  // bf16 by bf16: products of pairs
+    typed(weight, row.const_data_ptr<at::BFloat16>(), m_rows, nullptr, scale_least, b, y.mutable_data_ptr<at::BFloat16>(), out, in,
+          prefetch);
+    return y;
+  }
+#endif
   std::vector<float> widened;  // bf16 rows in fp32 (exact): the dot products read fp32
   const float* xp = nullptr;
   if (row.scalar_type() == at::kFloat) {
@@ -192,10 +219,6 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
     xp = widened.data();
   }
   const float* sp = scaled && !int4 ? s.const_data_ptr<float>() : nullptr;
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());  // x's shape, its last dimension `out`: no view after
-  shape.back() = out;  // (one row of shape (in,) or (1, ..., in): the same shape with `out` last)
-  at::Tensor y = at::empty(shape, x.options());
-  if (m_rows == 0) return y;  // no rows: nothing to write
   if (x.scalar_type() == at::kFloat) {
     typed(weight, xp, m_rows, sp, scale_least, b, y.mutable_data_ptr<float>(), out, in, prefetch);
   } else {

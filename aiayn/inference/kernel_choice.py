@@ -104,8 +104,10 @@ def machine_key() -> str:
     are no longer cached (the entries before, under the key without it, may hold such choices: they are timed again);
     "native" since our matrix-vector kernel is a candidate (choices made without it are timed again with it),
     "prefetch" since its prefetching variant is one too, "round mean" since a kernel's time is its mean call in a
-    round (before, its fastest call)."""
-    return f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet | native prefetch | round mean"
+    round (before, its fastest call), "bf16 pairs" since our kernel multiplies bf16 rows by bf16 weights with AVX512-BF16
+    where the CPU has it (choices timed with the widening kernel are timed again)."""
+    return (f"{cpu_key()} | torch {torch.__version__} | {torch.get_num_threads()} threads | quiet | native prefetch | round mean"
+            " | bf16 pairs")
 
 
 def choose_kernels(weights: list[Tensor], rows: int = 8) -> list[str]:

@@ -65,10 +65,13 @@ def test_bf16_weights_and_int8_weights_with_their_scales(native_gemv):
 
 
 def test_a_bf16_row_gives_the_fp32_sums_rounded_once_to_bf16(native_gemv):
-    """The kernel widens a bf16 row and bias itself and writes bf16: bit for bit the fp32 product of the same values
-    (bf16 to fp32 is exact, and the sums run in the same order) rounded to bf16, whatever the bias's dtype."""
+    """The kernel takes a bf16 row and bias itself and writes bf16: the fp32 sums of the exact products rounded once to
+    bf16, whatever the bias's dtype. Bit for bit the fp32 product of the same values (widened exactly, summed in the
+    same order) where the row is widened: an int8 weight's, and a bf16 weight's on a CPU without AVX512-BF16 or at a
+    width that is no multiple of 32. Elsewhere AVX512-BF16 sums the products in pairs, another order: within half a bf16
+    step (plus the fp32 sums' rounding) of the exact product, and the fp32 product's bits in nearly every output."""
     torch.manual_seed(0)
-    for out_features, in_features in [(3, 5), (17, 100), (1100, 768)]:
+    for out_features, in_features in [(3, 5), (17, 100), (1100, 768), (700, 96), (300, 3072)]:
         x = torch.randn(1, in_features).bfloat16()
         w = torch.randn(out_features, in_features).bfloat16()
         q, scale = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8), torch.rand(out_features) / 64
@@ -76,7 +79,14 @@ def test_a_bf16_row_gives_the_fp32_sums_rounded_once_to_bf16(native_gemv):
             wide = None if bias is None else bias.float()
             y = gemv.gemv_linear(x, w, bias)
             assert y.dtype == torch.bfloat16
-            assert torch.equal(y, gemv.gemv_linear(x.float(), w.float(), wide).bfloat16())
+            widened = gemv.gemv_linear(x.float(), w.float(), wide).bfloat16()
+            if in_features % 32:
+                assert torch.equal(y, widened)
+            else:
+                exact = torch.nn.functional.linear(x.double(), w.double(), None if bias is None else bias.double())
+                bound = exact.abs() * 2.0 ** -8 + 1e-6 * (x.double().abs() @ w.double().abs().T)
+                assert bool(((y.double() - exact).abs() <= bound).all()), (out_features, in_features)
+                assert (y == widened).float().mean() >= 0.99, (out_features, in_features)
             assert torch.equal(gemv.gemv_int8(x, q, scale, bias), gemv.gemv_int8(x.float(), q, scale, wide).bfloat16())
 
 
