@@ -37,6 +37,7 @@ from aiayn.decoding.text import (
 )
 from aiayn.decoding.translate import translate_sentences
 from aiayn.inference.embed import embed_texts, embedding_pooling
+from aiayn.inference.precision import parse_dtype
 from aiayn.models.config import TransformerConfig
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -124,7 +125,7 @@ class LoadedModel:
         top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
         repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
         min_p: float | None = None, speculative: str | None = None, draft: LoadedModel | None = None,
-        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS, kv_dtype: str | torch.dtype | None = None,
     ) -> str | list[str]:
         """Continue ``prompt`` (one text, or a list decoded as one left-padded batch); returns each prompt
         followed by its generated text (EOS not shown): a ``str`` for a ``str``, a list for a list.
@@ -133,7 +134,9 @@ class LoadedModel:
         CLI and the server use (:mod:`aiayn.decoding.processors`).
         ``speculative``: ``"prompt-lookup"`` or ``"draft"`` (with ``draft``, a smaller loaded model of the same
         tokenizer) checks up to ``draft_tokens`` drafted tokens per forward (:mod:`aiayn.decoding.speculative`);
-        greedy output is the same, sampling the same distribution. A list is then decoded prompt by prompt."""
+        greedy output is the same, sampling the same distribution. A list is then decoded prompt by prompt.
+        ``kv_dtype``: the dtype the static cache keeps keys and values in (``"bfloat16"`` halves what each step reads
+        from it under fp32 activations; default: the activations', :class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
         model = self._need(DecoderOnly, "generate")
         tok = self.src_tokenizer
         config = generation_config(
@@ -146,7 +149,7 @@ class LoadedModel:
             raise ValueError("prompt is an empty list: give at least one text")
         prompt_rows = [prompt_ids(tok, p) for p in prompts]
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        decoder = CausalLMDecoder(model, static_cache=True)  # the CLI's decoder
+        decoder = CausalLMDecoder(model, static_cache=True, kv_dtype=parse_dtype(kv_dtype, name="kv_dtype"))  # the CLI's decoder
         if speculative is not None:
             rows = self._speculative_rows(decoder, prompt_rows, config, generator, speculative, draft, draft_tokens)
         else:

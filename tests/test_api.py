@@ -55,6 +55,12 @@ def test_generate_is_what_the_cli_prints(dirs, capsys):
     assert main(["generate", "--checkpoint", str(dirs["lm"]), "--prompt", "hallo", "--max-new-tokens", "6", "--greedy"]) == 0
     assert capsys.readouterr().out == text + "\n"
     assert m.generate("hallo", 6, seed=3) == m.generate("hallo", 6, seed=3)  # seeded sampling repeats
+    kept = m.generate("hallo", max_new_tokens=6, greedy=True, kv_dtype="bf16")  # the cache in bf16: what the CLI prints with it
+    assert main(["generate", "--checkpoint", str(dirs["lm"]), "--prompt", "hallo", "--max-new-tokens", "6", "--greedy",
+                 "--kv-cache-dtype", "bf16"]) == 0
+    assert capsys.readouterr().out == kept + "\n" and kept.startswith("hallo")
+    with pytest.raises(ValueError, match=r"kv_dtype must be one of float32, bfloat16, float16, got .int8."):
+        m.generate("hallo", 6, kv_dtype="int8")
 
 
 def test_classify_names_the_labels(dirs, capsys):

@@ -28,7 +28,7 @@ from aiayn.decoding.native_step import native_step
 from aiayn.decoding.protocol import SOURCE_EXTRA_TOKENS, Decoder, DecodeState
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
-from aiayn.nn.cache import KVCache, LayerCache, StaticLayerCache
+from aiayn.nn.cache import KV_DTYPES, KVCache, LayerCache, StaticLayerCache
 from aiayn.nn.masks import check_padding_mask
 from aiayn.nn.multihead import MultiHeadAttention
 from aiayn.nn.positional import LearnedPositions, PositionalEncoding, SinusoidalPositions
@@ -156,17 +156,28 @@ class CausalLMDecoder:
     checks the prompt's ids; a compiled step does not check the model's own tokens. Without ``compile``, the
     one-token steps over either cache run in C++ where the model allows it (:mod:`aiayn.decoding.native_step`: the same
     kernels without the Python between them; the same contract on weights); ``native=False`` keeps them in the model's
-    forward.
+    forward. ``kv_dtype`` (with ``static_cache=True``, not with ``compile``): the dtype the static cache keeps keys and values
+    in (:data:`~aiayn.nn.cache.KV_DTYPES`; ``None``: the activations'): ``torch.bfloat16`` under fp32 activations halves the bytes each step
+    reads from the cache, its values rounded to bf16 once as they are written and widened exactly as they are read (a run past
+    learned positions keeps the growing cache, in the activations' dtype).
     """
 
     def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False, compile: bool = False,
-                 native: bool = True) -> None:
+                 native: bool = True, kv_dtype: torch.dtype | None = None) -> None:
         if (static_cache or compile) and not use_cache:
             raise ValueError(f"{'compile' if compile else 'static_cache'}=True needs use_cache=True")
         blocker = _static_blocker(model)
         if compile and blocker is not None:
             raise ValueError(f"compile=True needs a static KV cache (softmax attention, positions other than alibi); this model "
                              f"has {blocker}: decode it without compile (static_cache=True keeps its constant-size cache)")
+        if kv_dtype is not None:
+            if kv_dtype not in KV_DTYPES:
+                raise ValueError(f"kv_dtype={kv_dtype!r}: the static cache keeps keys and values in one of "
+                                 f"{', '.join(map(str, KV_DTYPES))}, or None (the activations' dtype)")
+            if not static_cache or compile or blocker is not None:
+                why = "compile=True" if compile else "static_cache=False" if not static_cache else f"a model with {blocker}"
+                raise ValueError(f"kv_dtype={kv_dtype} is the static cache's (static_cache=True, without compile); got {why}")
+        self.kv_dtype = kv_dtype
         _warn_if_training(model)
         self.model, self.use_cache, self.compiled = model, use_cache, compile
         self.static_cache = (static_cache or compile) and blocker is None
@@ -268,6 +279,9 @@ class CausalLMDecoder:
             key_mask = torch.ones(batch, columns, dtype=torch.bool, device=ids.device)
             key_mask[:, :prompt_len] = mask
         cache = self.model.new_cache(max_len=columns)
+        for layer_cache in cache.self_attn:  # the dtype asked for, else the activations' (allocated by the prefill)
+            if isinstance(layer_cache, StaticLayerCache):
+                layer_cache.dtype = self.kv_dtype
         state = StaticState(
             tokens=ids, mask=mask, max_new_tokens=torch.full((batch,), max_new_tokens, device=ids.device), pads=pads,
             cache=cache, key_mask=key_mask, column=torch.full((1,), prompt_len, dtype=torch.long, device=ids.device),

@@ -134,14 +134,16 @@ constexpr int64_t kQueryGroup = 2;
 // decoding's check) are computed together, each value row loaded once for a group of them (weighted_rows()), and
 // every query's numbers with the same operations in the same order as the one-query step at its position computes them,
 // so the same bits.
-template <typename T>
+// T: the queries' and the output's type; KV: the keys' and values' (bf16 keys and values under fp32 queries: a cache kept
+// in bf16, widened exactly as they are read, so the bits of the same values widened beforehand).
+template <typename T, typename KV = T>
 void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask, int64_t mask_row,
                  double scale, bool causal, at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), queries = q.size(2), dim = q.size(3), all_keys = k.size(2);
   const int64_t group = heads / k.size(1), k_row = k.stride(2), v_row = v.stride(2);
   const T* qp = q.const_data_ptr<T>();
-  const T* kp = k.const_data_ptr<T>();
-  const T* vp = v.const_data_ptr<T>();
+  const KV* kp = k.const_data_ptr<KV>();
+  const KV* vp = v.const_data_ptr<KV>();
   T* op = out.mutable_data_ptr<T>();
   constexpr float none = -std::numeric_limits<float>::infinity();
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
@@ -154,8 +156,8 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
         prefetch_rows(kp + nb * k.stride(0) + nkv * k.stride(1), all_keys, k_row, dim);
         prefetch_rows(vp + nb * v.stride(0) + nkv * v.stride(1), all_keys, v_row, dim);
       }
-      const T* kb = kp + b * k.stride(0) + kv * k.stride(1);
-      const T* vb = vp + b * v.stride(0) + kv * v.stride(1);
+      const KV* kb = kp + b * k.stride(0) + kv * k.stride(1);
+      const KV* vb = vp + b * v.stride(0) + kv * v.stride(1);
       const bool* allowed = mask ? mask + b * mask_row : nullptr;
       const T* qb = qp + b * q.stride(0) + h * q.stride(1);  // query t's row: qb + t * q.stride(2)
       for (int64_t t = 0; t < queries; ++t) {
@@ -168,7 +170,7 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
         float* row = score.data() + t * all_keys;
         int64_t s = 0;
 #if defined(__AVX512BF16__)
-        if constexpr (std::is_same_v<T, at::BFloat16>) {
+        if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KV, at::BFloat16>) {
           if (dim % 32 == 0) {  // bf16 keys and query multiplied in pairs, summed in fp32 (AVX512-BF16), then scaled
             for (; s < seen[t]; ++s) row[s] = dot_bf16(kb + s * k_row, qb + t * q.stride(2), dim) * static_cast<float>(scale);
           }
@@ -225,8 +227,8 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 }
 
 // A decoding step's attention: q (B, H, T, D) (one query, or a few with `causal`), k and v (B, Hkv, S, D) (views of a
-// cache: any strides but the last, which must be 1), fp32 or bf16 alike; mask None or bool (B or 1, 1, 1, S), true =
-// may attend; out (B, H, T, D) in q's dtype.
+// cache: any strides but the last, which must be 1), fp32 or bf16 alike, or fp32 queries over bf16 keys and values (a
+// cache kept in bf16); mask None or bool (B or 1, 1, 1, S), true = may attend; out (B, H, T, D) in q's dtype.
 at::Tensor attend_one(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
                       double scale, bool causal) {
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "aiayn_native::attend_one: CPU tensors only");
@@ -236,9 +238,11 @@ at::Tensor attend_one(const at::Tensor& q, const at::Tensor& k, const at::Tensor
               q.size(2), ", S=", k.size(2));
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(3) == q.size(3) && q.size(1) % k.size(1) == 0,
               "aiayn_native::attend_one: shapes do not fit: q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() &&
+  const bool mixed = q.scalar_type() == at::kFloat && k.scalar_type() == at::kBFloat16;  // fp32 queries, a bf16 cache
+  TORCH_CHECK((q.scalar_type() == k.scalar_type() || mixed) && k.scalar_type() == v.scalar_type() &&
               (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
-              "aiayn_native::attend_one: q, k and v must all be float32 or all bfloat16");
+              "aiayn_native::attend_one: q, k and v must all be float32 or all bfloat16 (or float32 q with bfloat16 k and v), got q ",
+              q.scalar_type(), ", k ", k.scalar_type(), ", v ", v.scalar_type());
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "aiayn_native::attend_one: the last dimension must be contiguous");
   const bool* allowed = nullptr;
   int64_t mask_row = 0;
@@ -252,7 +256,9 @@ at::Tensor attend_one(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     mask_row = m.size(0) == 1 ? 0 : k.size(2);
   }
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, q.options());
-  if (q.scalar_type() == at::kFloat) {
+  if (mixed) {
+    attend_rows<float, at::BFloat16>(q, k, v, allowed, mask_row, scale, causal, out);
+  } else if (q.scalar_type() == at::kFloat) {
     attend_rows<float>(q, k, v, allowed, mask_row, scale, causal, out);
   } else {
     attend_rows<at::BFloat16>(q, k, v, allowed, mask_row, scale, causal, out);

@@ -145,19 +145,33 @@ const c10::TypedOperatorHandle<GeluFn>& gelu_tanh_op() {
 
 // Write the new keys (or values) of each row, heads (B, T, heads * Dh) at `offset` of the fused projection's rows, at
 // columns `column` .. `column + T - 1` of the cache buffer (B, heads, max_len, Dh): plain copies, where views and copy_
-// took 8 operators a layer.
+// took 8 operators a layer; a buffer of the other dtype (a cache kept in bf16 under fp32 activations, or the reverse)
+// gets each element converted as torch's copy_ converts it (to bf16: rounded to the nearest, ties to even).
 void write_column(const at::Tensor& projected, int64_t offset, at::Tensor& buffer, int64_t column, int64_t head_dim) {
-  TORCH_CHECK(buffer.scalar_type() == projected.scalar_type() && buffer.stride(3) == 1 && projected.is_contiguous(),
-              "aiayn_native::DecodeStep: a cache buffer of ", buffer.scalar_type(), " with its last dimension contiguous, got ",
-              projected.scalar_type(), " projections");
-  const int64_t size = buffer.element_size(), row = projected.size(-1), length = projected.size(1);
+  const at::ScalarType from_type = projected.scalar_type(), to_type = buffer.scalar_type();
+  const bool same = from_type == to_type;
+  TORCH_CHECK((same || ((from_type == at::kFloat || from_type == at::kBFloat16) && (to_type == at::kFloat || to_type == at::kBFloat16))) &&
+              buffer.stride(3) == 1 && projected.is_contiguous(), "aiayn_native::DecodeStep: a cache buffer of ", to_type,
+              " with its last dimension contiguous, got ", from_type, " projections");
+  const int64_t from_size = projected.element_size(), to_size = buffer.element_size(), row = projected.size(-1), length = projected.size(1);
   const char* from = static_cast<const char*>(projected.const_data_ptr());
   char* to = static_cast<char*>(buffer.mutable_data_ptr());
   for (int64_t b = 0; b < buffer.size(0); ++b) {
     for (int64_t t = 0; t < length; ++t) {
       for (int64_t h = 0; h < buffer.size(1); ++h) {
-        std::memcpy(to + (b * buffer.stride(0) + h * buffer.stride(1) + (column + t) * buffer.stride(2)) * size,
-                    from + ((b * length + t) * row + offset + h * head_dim) * size, head_dim * size);
+        char* into = to + (b * buffer.stride(0) + h * buffer.stride(1) + (column + t) * buffer.stride(2)) * to_size;
+        const char* head = from + ((b * length + t) * row + offset + h * head_dim) * from_size;
+        if (same) {
+          std::memcpy(into, head, head_dim * to_size);
+        } else if (to_type == at::kBFloat16) {
+          const float* x = reinterpret_cast<const float*>(head);
+          at::BFloat16* y = reinterpret_cast<at::BFloat16*>(into);
+          for (int64_t d = 0; d < head_dim; ++d) y[d] = static_cast<at::BFloat16>(x[d]);
+        } else {
+          const at::BFloat16* x = reinterpret_cast<const at::BFloat16*>(head);
+          float* y = reinterpret_cast<float*>(into);
+          for (int64_t d = 0; d < head_dim; ++d) y[d] = static_cast<float>(x[d]);
+        }
       }
     }
   }
@@ -166,16 +180,17 @@ void write_column(const at::Tensor& projected, int64_t offset, at::Tensor& buffe
 // Rotary positions (RoPE, the two halves of each head paired, as aiayn.nn.positional.RotaryPositions rotates):
 // y = x * cos + rotate_half(x) * sin in fp32, rounded to x's dtype, for `heads` heads of `dim` features from `from`
 // (contiguous heads) into `to` (heads `to_head` elements apart); cos and sin (dim,) fp32 of this row's position.
-template <typename T>
-void rotate_heads(const T* from, T* to, int64_t heads, int64_t dim, int64_t to_head, const float* cos, const float* sin) {
+template <typename F, typename T>
+void rotate_heads(const F* from, T* to, int64_t heads, int64_t dim, int64_t to_head, const float* cos, const float* sin) {
   const int64_t half = dim / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    const T* x = from + h * dim;
+    const F* x = from + h * dim;
     T* y = to + h * to_head;
     for (int64_t i = 0; i < half; ++i) {
       const float a = static_cast<float>(x[i]), b = static_cast<float>(x[i + half]);
-      y[i] = static_cast<T>(a * cos[i] + (-b) * sin[i]);
-      y[i + half] = static_cast<T>(b * cos[i + half] + a * sin[i + half]);
+      // rounded to x's dtype, then (a cache of another dtype) converted to the buffer's, as the eager step's copy_ does
+      y[i] = static_cast<T>(static_cast<F>(a * cos[i] + (-b) * sin[i]));
+      y[i + half] = static_cast<T>(static_cast<F>(b * cos[i + half] + a * sin[i + half]));
     }
   }
 }
@@ -192,13 +207,20 @@ void rotate_into(const at::Tensor& projected, int64_t offset, at::Tensor& to, in
     const float* c = cos.const_data_ptr<float>() + angle_row * head_dim;
     const float* s = sin.const_data_ptr<float>() + angle_row * head_dim;
     const int64_t from = bt * row + offset, into = b * to.stride(0) + (column + t) * to.stride(2);
-    if (to.scalar_type() == at::kFloat) {
-      rotate_heads(projected.const_data_ptr<float>() + from, to.mutable_data_ptr<float>() + into, to.size(1), head_dim, to.stride(1), c, s);
+    auto into_typed = [&](const auto* x) {  // the projection's elements x into `to`'s type
+      if (to.scalar_type() == at::kFloat) {
+        rotate_heads(x + from, to.mutable_data_ptr<float>() + into, to.size(1), head_dim, to.stride(1), c, s);
+      } else {
+        rotate_heads(x + from, to.mutable_data_ptr<at::BFloat16>() + into, to.size(1), head_dim, to.stride(1), c, s);
+      }
+    };
+    TORCH_CHECK((projected.scalar_type() == at::kFloat || projected.scalar_type() == at::kBFloat16) &&
+                (to.scalar_type() == at::kFloat || to.scalar_type() == at::kBFloat16), "aiayn_native::DecodeStep: rotary positions ",
+                "in float32 or bfloat16, got ", projected.scalar_type(), " into ", to.scalar_type());
+    if (projected.scalar_type() == at::kFloat) {
+      into_typed(projected.const_data_ptr<float>());
     } else {
-      TORCH_CHECK(to.scalar_type() == at::kBFloat16, "aiayn_native::DecodeStep: rotary positions in float32 or bfloat16, got ",
-                  to.scalar_type());
-      rotate_heads(projected.const_data_ptr<at::BFloat16>() + from, to.mutable_data_ptr<at::BFloat16>() + into, to.size(1), head_dim,
-                   to.stride(1), c, s);
+      into_typed(projected.const_data_ptr<at::BFloat16>());
     }
   }
 }
@@ -489,6 +511,13 @@ class DecodeStep : public torch::CustomClassHolder {
   // lower right, and the padding mask (B, 1, 1, S) if any; through the backend `kind` (one query: the one timed at load).
   at::Tensor attend(int64_t kind, const at::Tensor& q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> mask, double scale) const {
     const int64_t length = q.size(2), keys = k.size(2);
+    // a cache kept in another dtype than the activations': our kernel reads bf16 keys and values under fp32 queries as
+    // they are; the other cases, and torch's kernels, take them converted to q's dtype, as the eager step does
+    const bool mixed = q.scalar_type() == at::kFloat && k.scalar_type() == at::kBFloat16;
+    if (k.scalar_type() != q.scalar_type() && !(kind == kNative && mixed)) {
+      k = k.to(q.scalar_type());
+      v = v.to(q.scalar_type());
+    }
     if (kind == kNative) return attend_one_op().call(q, k, v, mask, scale, true);  // a few queries: each over its own keys
     if (n_kv_heads_ != n_heads_) {  // grouped-query attention: each key/value head serves a group of query heads
       k = k.repeat_interleave(n_heads_ / n_kv_heads_, 1);

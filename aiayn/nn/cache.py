@@ -17,7 +17,11 @@ from torch import Tensor
 
 from aiayn.nn.masks import check_padding_mask
 
-__all__ = ["CacheLayer", "LayerCache", "StaticLayerCache", "KVCache"]
+__all__ = ["CacheLayer", "KV_DTYPES", "LayerCache", "StaticLayerCache", "KVCache"]
+
+# The dtypes a static cache may keep its keys and values in, whatever the activations' (read widened where they differ):
+# bf16 under fp32 activations halves the bytes a decoding step reads from the cache (llama.cpp keeps fp16 by default).
+KV_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class CacheLayer(Protocol):
@@ -89,10 +93,13 @@ class StaticLayerCache:
     decoder passes a padding mask as wide as the filled part, its width marked dynamic, so one graph
     serves every length (see :class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
 
-    def __init__(self, max_len: int) -> None:
+    def __init__(self, max_len: int, dtype: torch.dtype | None = None) -> None:
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"max_len must be a positive integer for a static cache, got {max_len!r}")
+        if dtype is not None and dtype not in KV_DTYPES:
+            raise ValueError(f"dtype must be None (the keys' own) or one of {', '.join(map(str, KV_DTYPES))} for a static cache, got {dtype!r}")
         self.max_len = max_len
+        self.dtype = dtype  # the buffers' dtype: None, the first keys' (KV_DTYPES)
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.next_column = torch.zeros(1, dtype=torch.long)
@@ -105,7 +112,7 @@ class StaticLayerCache:
         """The buffers ``(batch, heads, max_len, head_dim)``, once: by the first :meth:`update`, or before it where the C++
         decoding step writes a prompt's keys and values into them (aiayn.decoding.native_step)."""
         if self.k is None or self.v is None:
-            self.k = torch.zeros(batch, heads, self.max_len, head_dim, dtype=dtype, device=device)
+            self.k = torch.zeros(batch, heads, self.max_len, head_dim, dtype=self.dtype or dtype, device=device)
             self.v = torch.zeros_like(self.k)
             self.next_column = self.next_column.to(device)
 

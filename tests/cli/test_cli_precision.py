@@ -61,6 +61,23 @@ def test_compile_where_torch_cannot_compile(capsys, models, monkeypatch):
     assert capsys.readouterr().out == ""  # refused before anything is generated
 
 
+def test_kv_cache_dtype_keeps_the_static_cache_in_bf16(capsys, models, monkeypatch):
+    """--kv-cache-dtype reaches the decoder's static cache (its buffers are bf16), and is refused with --compile and for
+    a dtype the cache does not keep, naming the flag."""
+    from aiayn.nn.cache import StaticLayerCache
+
+    allocated = []
+    allocate = StaticLayerCache.allocate
+    monkeypatch.setattr(StaticLayerCache, "allocate", lambda self, *a: allocate(self, *a) or allocated.append(self.k.dtype))
+    assert main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "bf16", *COMMANDS["generate"][1]]) == 0
+    assert allocated and set(allocated) == {torch.bfloat16} and capsys.readouterr().out.startswith("a")
+    with pytest.raises(SystemExit, match=r"aiayn generate: --kv-cache-dtype bfloat16 is the C\+\+ and eager steps' static cache, not --compile's"):
+        main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "bfloat16", "--compile", *COMMANDS["generate"][1]])
+    with pytest.raises(SystemExit):
+        main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "float16", *COMMANDS["generate"][1]])
+    assert "argument --kv-cache-dtype: invalid choice: 'float16' (choose from 'float32', 'bfloat16', 'fp32', 'bf16')" in capsys.readouterr().err
+
+
 def test_compile_says_it_is_compiling_before_the_wait(capsys, models, monkeypatch):
     """The first decode step waits for the compiler: stderr says so (stdout stays the text). torch.compile is
     replaced by the identity here: what is tested is the message and that the run goes through."""

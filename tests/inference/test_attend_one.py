@@ -87,10 +87,28 @@ def test_where_it_does_not_apply_torchs_fused_kernel_answers(native_gemv, monkey
         assert torch.equal(native, fused)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "queries", "keys", "dim"), [(12, 12, 1, 37, 64), (8, 2, 3, 130, 32), (3, 3, 1, 9, 40)])
+def test_fp32_queries_over_a_bf16_cache_are_the_widened_cache_bit_for_bit(native_gemv, heads, kv_heads, queries, keys, dim):
+    """A cache kept in bf16 under fp32 activations (CausalLMDecoder's kv_dtype): bf16 keys and values are read widened,
+    exactly, so the result is that of the same values widened beforehand, bit for bit (one query and a causal few)."""
+    torch.manual_seed(keys)
+    cache_k, cache_v = (torch.randn(2, kv_heads, keys + 5, dim).bfloat16() for _ in range(2))
+    k, v = cache_k[:, :, :keys], cache_v[:, :, :keys]
+    q = torch.randn(2, heads, queries, dim)
+    mask = torch.rand(2, 1, 1, keys) > 0.3
+    mask[..., -queries:] = True
+    for m in (None, mask):
+        out = torch.ops.aiayn_native.attend_one(q, k, v, m, dim ** -0.5, True)
+        assert out.dtype == torch.float32
+        assert torch.equal(out, torch.ops.aiayn_native.attend_one(q, k.float(), v.float(), m, dim ** -0.5, True))
+
+
 def test_the_kernel_checks_its_inputs(native_gemv):
     q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 4, 8)
-    with pytest.raises(RuntimeError, match="q, k and v must all be float32 or all bfloat16"):
-        torch.ops.aiayn_native.attend_one(q, k.bfloat16(), k.bfloat16(), None, 1.0)
+    with pytest.raises(RuntimeError, match=r"q, k and v must all be float32 or all bfloat16 \(or float32 q with bfloat16 k and v\), got q BFloat16, k Float"):
+        torch.ops.aiayn_native.attend_one(q.bfloat16(), k, k, None, 1.0)
+    with pytest.raises(RuntimeError, match="got q Float, k BFloat16, v Float"):
+        torch.ops.aiayn_native.attend_one(q, k.bfloat16(), k, None, 1.0)
     with pytest.raises(RuntimeError, match=r"mask must be bool \(B or 1, 1, 1, S\)"):
         torch.ops.aiayn_native.attend_one(q, k, k, torch.ones(1, 1, 1, 3, dtype=torch.bool), 1.0)
     with pytest.raises(RuntimeError, match="causal attention needs at least as many keys as queries, got T=5, S=4"):
