@@ -93,13 +93,13 @@ class StaticLayerCache:
     decoder passes a padding mask as wide as the filled part, its width marked dynamic, so one graph
     serves every length (see :class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
 
-    def __init__(self, max_len: int, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, max_len: int) -> None:
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"max_len must be a positive integer for a static cache, got {max_len!r}")
-        if dtype is not None and dtype not in KV_DTYPES:
-            raise ValueError(f"dtype must be None (the keys' own) or one of {', '.join(map(str, KV_DTYPES))} for a static cache, got {dtype!r}")
         self.max_len = max_len
-        self.dtype = dtype  # the buffers' dtype: None, the first keys' (KV_DTYPES)
+        # the buffers' dtype: None, the first keys'; else one of KV_DTYPES (set before the first write, and checked, by
+        # CausalLMDecoder's kv_dtype)
+        self.dtype: torch.dtype | None = None
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.next_column = torch.zeros(1, dtype=torch.long)
