@@ -8,19 +8,15 @@ import sys
 import torch
 
 from aiayn.cli.args import finite_float
-from aiayn.cli.inference import add_checkpoint_arguments, check_compile, load_model_for
+from aiayn.cli.inference import add_checkpoint_arguments, add_kv_cache_argument, check_compile, load_model_for
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.decoding.speculative import DEFAULT_DRAFT_TOKENS, DEFAULT_NGRAM, SPECULATIVE_MODES, SpeculativeDecoder
 from aiayn.decoding.streaming import stream_text
 from aiayn.decoding.text import generation_config, prompt_ids
-from aiayn.inference.precision import DTYPE_ALIASES, DTYPE_CHOICES, DTYPES, parse_dtype
+from aiayn.inference.precision import parse_dtype
 from aiayn.models.decoder_only import DecoderOnly
-from aiayn.nn.cache import KV_DTYPES
 from aiayn.tokenization.base import same_vocabulary
-
-# --kv-cache-dtype: the --dtype spellings of the dtypes a static cache keeps (float32, bfloat16, fp32, bf16)
-KV_CACHE_DTYPES = tuple(name for name in DTYPE_CHOICES if DTYPES[DTYPE_ALIASES.get(name, name)] in KV_DTYPES)
 
 HELP = "continue a prompt with a decoder-only checkpoint (sampling or greedy), streaming to the terminal"
 
@@ -50,9 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--speculative draft: a smaller decoder-only model with the same tokenizer")
     parser.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS, metavar="K",
                         help=f"--speculative: draft tokens checked per forward, >= 1 (default: {DEFAULT_DRAFT_TOKENS})")
-    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None,
-                        help="keep the static cache's keys and values in this dtype, read widened: bfloat16 under float32 "
-                             "activations halves what each step reads from the cache (default: the activations')")
+    add_kv_cache_argument(parser)
     parser.add_argument("--ngram", type=int, default=DEFAULT_NGRAM, metavar="N",
                         help=f"--speculative prompt-lookup: the longest n-gram looked up, >= 1 (default: {DEFAULT_NGRAM})")
 
@@ -73,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"aiayn generate: --{name.replace('_', '-')}={rest}") from None
     _check_speculative(args)
     if args.compile and args.kv_cache_dtype is not None:
-        raise SystemExit(f"aiayn generate: --kv-cache-dtype {args.kv_cache_dtype} is the C++ and eager steps' static cache, not "
+        raise SystemExit(f"aiayn generate: --kv-cache-dtype {args.kv_cache_dtype} is the C++ and eager steps' KV cache, not "
                          "--compile's: drop one of the two")
     loaded, tokenizer, _ = load_model_for("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
     config = generation_config(tokenizer, **settings)  # EOS and pad: the tokenizer's own (GPT-2: <|endoftext|>)

@@ -12,8 +12,9 @@ from torch import nn
 
 from aiayn.api import load_parts
 from aiayn.cli.args import device
-from aiayn.inference.precision import DTYPE_CHOICES
+from aiayn.inference.precision import DTYPE_ALIASES, DTYPE_CHOICES, DTYPES
 from aiayn.inference.quantization import QUANTIZATIONS
+from aiayn.nn.cache import KV_DTYPES
 from aiayn.pretrained import Pretrained
 from aiayn.tokenization.base import Tokenizer, same_vocabulary
 
@@ -58,6 +59,19 @@ def add_quantize_argument(parser: argparse.ArgumentParser) -> None:
                         help="int8: int8 weight-only Linear layers with per-channel scales; int8-dynamic: the same weights, the "
                         "activations quantised to 8 bits at each call (FBGEMM); int4[-g64|-g128]: 4-bit weights, a scale "
                         "and zero per group of 32 (64, 128) inputs (default: none)")
+
+
+# --kv-cache-dtype: the --dtype spellings of the dtypes a KV cache keeps (float32, bfloat16, fp32, bf16)
+KV_CACHE_DTYPES = tuple(name for name in DTYPE_CHOICES if DTYPES[DTYPE_ALIASES.get(name, name)] in KV_DTYPES)
+
+
+def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
+    """``--kv-cache-dtype`` (``args.kv_cache_dtype``, default ``None``): the ``kv_dtype`` of a decoder-only model's
+    :class:`~aiayn.decoding.adapters.CausalLMDecoder` (``aiayn generate``, ``aiayn serve``)."""
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None,
+                        help="decoder-only: keep the KV cache's keys and values in this dtype, read widened: bfloat16 under "
+                             "float32 activations halves the cache's memory and what each step reads from it (default: the "
+                             "activations')")
 
 
 def add_pack_argument(parser: argparse.ArgumentParser) -> None:

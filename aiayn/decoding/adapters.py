@@ -156,10 +156,10 @@ class CausalLMDecoder:
     checks the prompt's ids; a compiled step does not check the model's own tokens. Without ``compile``, the
     one-token steps over either cache run in C++ where the model allows it (:mod:`aiayn.decoding.native_step`: the same
     kernels without the Python between them; the same contract on weights); ``native=False`` keeps them in the model's
-    forward. ``kv_dtype`` (with ``static_cache=True``, not with ``compile``): the dtype the static cache keeps keys and values
-    in (:data:`~aiayn.nn.cache.KV_DTYPES`; ``None``: the activations'): ``torch.bfloat16`` under fp32 activations halves the bytes each step
-    reads from the cache, its values rounded to bf16 once as they are written and widened exactly as they are read (a run past
-    learned positions keeps the growing cache, in the activations' dtype).
+    forward. ``kv_dtype`` (not with ``compile``): the dtype the KV cache, static or growing, keeps keys and values in
+    (:data:`~aiayn.nn.cache.KV_DTYPES`; ``None``: the activations'): ``torch.bfloat16`` under fp32 activations halves the
+    cache's memory and the bytes each step reads from it, its values rounded to bf16 once as they are written and widened
+    exactly as they are read.
     """
 
     def __init__(self, model: DecoderOnly, *, use_cache: bool = True, static_cache: bool = False, compile: bool = False,
@@ -174,9 +174,9 @@ class CausalLMDecoder:
             if kv_dtype not in KV_DTYPES:
                 raise ValueError(f"kv_dtype={kv_dtype!r}: the static cache keeps keys and values in one of "
                                  f"{', '.join(map(str, KV_DTYPES))}, or None (the activations' dtype)")
-            if not static_cache or compile or blocker is not None:
-                why = "compile=True" if compile else "static_cache=False" if not static_cache else f"a model with {blocker}"
-                raise ValueError(f"kv_dtype={kv_dtype} is the static cache's (static_cache=True, without compile); got {why}")
+            if compile or not use_cache:
+                raise ValueError(f"kv_dtype={kv_dtype} is the KV cache's, decoded without compile; got "
+                                 f"{'compile=True' if compile else 'use_cache=False'}")
         self.kv_dtype = kv_dtype
         _warn_if_training(model)
         self.model, self.use_cache, self.compiled = model, use_cache, compile
@@ -215,7 +215,7 @@ class CausalLMDecoder:
             return self._start_static(ids, mask, total, max_new_tokens)
         state = DecodeState(
             tokens=ids, mask=mask, max_new_tokens=torch.full((batch,), max_new_tokens, device=ids.device),
-            pads=(~mask).sum(dim=1), cache=model.new_cache() if self.use_cache else None,
+            pads=(~mask).sum(dim=1), cache=self._new_cache(None) if self.use_cache else None,
         )
         if self._outgrows_window(state):
             return state, self._encode_window(state)
@@ -278,10 +278,7 @@ class CausalLMDecoder:
         if padded or self.compiled:  # a compiled step always takes one: its width is the filled length
             key_mask = torch.ones(batch, columns, dtype=torch.bool, device=ids.device)
             key_mask[:, :prompt_len] = mask
-        cache = self.model.new_cache(max_len=columns)
-        for layer_cache in cache.self_attn:  # the dtype asked for, else the activations' (allocated by the prefill)
-            if isinstance(layer_cache, StaticLayerCache):
-                layer_cache.dtype = self.kv_dtype
+        cache = self._new_cache(columns)
         state = StaticState(
             tokens=ids, mask=mask, max_new_tokens=torch.full((batch,), max_new_tokens, device=ids.device), pads=pads,
             cache=cache, key_mask=key_mask, column=torch.full((1,), prompt_len, dtype=torch.long, device=ids.device),
@@ -292,6 +289,15 @@ class CausalLMDecoder:
                 torch._dynamo.mark_dynamic(layer.k, 2)
                 torch._dynamo.mark_dynamic(layer.v, 2)
         return state, logits
+
+    def _new_cache(self, max_len: int | None) -> KVCache:
+        """The model's empty KV cache (static of ``max_len`` columns, or growing), its key/value layers in ``kv_dtype``
+        where given (else the activations', by their first write)."""
+        cache = self.model.new_cache(max_len=max_len)
+        for layer in cache.self_attn:
+            if isinstance(layer, (StaticLayerCache, LayerCache)):
+                layer.dtype = self.kv_dtype
+        return cache
 
     def _prefill(self, ids: Tensor, key_mask: Tensor | None, cache: KVCache | None, offset: Tensor | int) -> Tensor:
         """The prompt's last logits ``(B, V)`` into an empty cache (static or growing): through the C++ step where it

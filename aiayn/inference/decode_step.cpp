@@ -463,8 +463,8 @@ class DecodeStep : public torch::CustomClassHolder {
       at::Tensor key_into = keys, value_into = values;
       const int64_t into = next != nullptr ? column : 0;
       if (next == nullptr) {
-        key_into = at::empty({batch, n_kv_heads_, length, head_dim_}, qkv.options());
-        value_into = at::empty({batch, n_kv_heads_, length, head_dim_}, qkv.options());
+        key_into = at::empty({batch, n_kv_heads_, length, head_dim_}, keys.options());  // the cache's dtype
+        value_into = at::empty({batch, n_kv_heads_, length, head_dim_}, values.options());
       }
       at::Tensor q;
       if (rotary_) {  // the queries and the new keys rotated by their positions (the values are not)

@@ -47,13 +47,19 @@ class LayerCache:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.length = 0
+        # the tensors' dtype: None, the first keys'; else one of KV_DTYPES (set before the first write, and checked, by
+        # CausalLMDecoder's kv_dtype); later keys take the held ones' dtype
+        self.dtype: torch.dtype | None = None
 
     @property
     def filled(self) -> bool:
         return self.k is not None
 
     def update(self, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor, Tensor | None, bool]:
-        """Add ``k, v (B, Hkv, T, D)`` after the cached ones; attend over all of them (the mask covers them all)."""
+        """Add ``k, v (B, Hkv, T, D)`` after the cached ones, in the cache's dtype; attend over all of them (the mask
+        covers them all)."""
+        dtype = self.k.dtype if self.k is not None else self.dtype or k.dtype
+        k, v = k.to(dtype), v.to(dtype)
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         self.length += k.shape[2]
@@ -63,7 +69,7 @@ class LayerCache:
         """Empty keys and values ``(batch, heads, 0, head_dim)`` before the first :meth:`update` (which adds to them as it
         would have started with its own): the C++ decoding step appends a prompt's to them (aiayn.decoding.native_step)."""
         if self.k is None or self.v is None:
-            self.k = torch.zeros(batch, heads, 0, head_dim, dtype=dtype, device=device)
+            self.k = torch.zeros(batch, heads, 0, head_dim, dtype=self.dtype or dtype, device=device)
             self.v = torch.zeros_like(self.k)
 
     def set(self, k: Tensor, v: Tensor) -> None:

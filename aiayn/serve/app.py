@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -61,10 +62,11 @@ class ServerState:
 
     def __init__(
         self, metrics: ServerMetrics, *, max_batch: int, max_queue: int, max_request_tokens: int = 1 << 16,
-        speculative: dict[str, Any] | None = None,
+        speculative: dict[str, Any] | None = None, kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.metrics, self.max_batch, self.max_queue = metrics, max_batch, max_queue
         self.speculative = speculative  # LMEngine's speculative options (aiayn serve --speculative)
+        self.kv_dtype = kv_dtype  # LMEngine's KV cache dtype (aiayn serve --kv-cache-dtype)
         self.max_request_tokens = max_request_tokens
         self.served: ServedModel | None = None
         self.engine: Worker | None = None
@@ -74,11 +76,14 @@ class ServerState:
     def load(self, load: Callable[[], ServedModel], on_error: Callable[[BaseException], None] | None) -> None:
         try:
             served = load()
-            options = {}
+            options: dict[str, Any] = {}
+            for flag, given in (("--speculative", self.speculative), ("--kv-cache-dtype", self.kv_dtype)):
+                if given is not None and served.family != "decoder-only":
+                    raise ValueError(f"{flag} serves decoder-only models; this checkpoint holds a {served.family} model")
             if self.speculative is not None:
-                if served.family != "decoder-only":
-                    raise ValueError(f"--speculative serves decoder-only models; this checkpoint holds a {served.family} model")
-                options = self.speculative
+                options.update(self.speculative)
+            if self.kv_dtype is not None:
+                options["kv_dtype"] = self.kv_dtype
             engine = _ENGINES[served.family](served, self.metrics, max_batch=self.max_batch, max_queue=self.max_queue, **options)
             engine.start()
             self.engine, self.served = engine, served
@@ -129,15 +134,18 @@ def create_app(
     on_load_error: Callable[[BaseException], None] | None = None,
     body_timeout: float = 30.0,
     speculative: dict[str, Any] | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> FastAPI:
     """The app; ``load`` returns the model (see :func:`aiayn.serve.loading.load_served_model`) and runs
     once, on a thread, when the app starts. ``max_batch`` rows share a step; ``max_queue`` requests may
     wait (then 429); a body over ``max_body_bytes`` gets 413; a completion may ask for at most
     ``max_request_tokens`` tokens in all (prompts x ``best_of`` x ``max_tokens``), else 400; a body that has
     not arrived ``body_timeout`` seconds after the headers gets 408. ``speculative``: the decoder-only engine's
-    speculative options (``{"speculative": "prompt-lookup", "draft_tokens": K, "ngram": N}``; see :class:`LMEngine`)."""
+    speculative options (``{"speculative": "prompt-lookup", "draft_tokens": K, "ngram": N}``; see :class:`LMEngine`);
+    ``kv_dtype``: the dtype its KV caches keep (:class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
     metrics = ServerMetrics()
-    state = ServerState(metrics, max_batch=max_batch, max_queue=max_queue, max_request_tokens=max_request_tokens, speculative=speculative)
+    state = ServerState(metrics, max_batch=max_batch, max_queue=max_queue, max_request_tokens=max_request_tokens, speculative=speculative,
+                        kv_dtype=kv_dtype)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -89,7 +89,8 @@ class LMEngine(Worker):
     ``speculative="prompt-lookup"`` (``aiayn serve --speculative``) decodes one sequence at a time with
     prompt-lookup drafts (``draft_tokens``, ``ngram``): a speculative step accepts a different number of
     tokens per row, which rows of one batch cannot share. Its drafts are point masses, so :meth:`_choose`'s
-    plain sampling from the model's distribution is the acceptance rule, and the tokens are unchanged.
+    plain sampling from the model's distribution is the acceptance rule, and the tokens are unchanged. ``kv_dtype``
+    (``aiayn serve --kv-cache-dtype``): the dtype the rows' KV caches keep (:class:`~aiayn.decoding.adapters.CausalLMDecoder`).
     """
 
     name = "lm-engine"
@@ -97,10 +98,11 @@ class LMEngine(Worker):
     def __init__(
         self, served: ServedModel, metrics: ServerMetrics, *, max_batch: int = 8, max_queue: int = 64,
         speculative: str | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS, ngram: int = DEFAULT_NGRAM,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(metrics, max_batch=max_batch, max_queue=max_queue)
         self.served = served
-        self.decoder: CausalLMDecoder | SpeculativeDecoder = CausalLMDecoder(served.model)  # type: ignore[arg-type]
+        self.decoder: CausalLMDecoder | SpeculativeDecoder = CausalLMDecoder(served.model, kv_dtype=kv_dtype)  # type: ignore[arg-type]
         if speculative is not None:
             if speculative != "prompt-lookup":
                 raise ValueError(f"speculative={speculative!r}: the server drafts by prompt lookup only ('prompt-lookup'); "

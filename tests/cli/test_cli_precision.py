@@ -71,7 +71,7 @@ def test_kv_cache_dtype_keeps_the_static_cache_in_bf16(capsys, models, monkeypat
     monkeypatch.setattr(StaticLayerCache, "allocate", lambda self, *a: allocate(self, *a) or allocated.append(self.k.dtype))
     assert main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "bf16", *COMMANDS["generate"][1]]) == 0
     assert allocated and set(allocated) == {torch.bfloat16} and capsys.readouterr().out.startswith("a")
-    with pytest.raises(SystemExit, match=r"aiayn generate: --kv-cache-dtype bfloat16 is the C\+\+ and eager steps' static cache, not --compile's"):
+    with pytest.raises(SystemExit, match=r"aiayn generate: --kv-cache-dtype bfloat16 is the C\+\+ and eager steps' KV cache, not --compile's"):
         main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "bfloat16", "--compile", *COMMANDS["generate"][1]])
     with pytest.raises(SystemExit):
         main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "float16", *COMMANDS["generate"][1]])

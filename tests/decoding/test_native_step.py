@@ -142,25 +142,30 @@ def test_quantised_layers_give_the_eager_logits(native_gemv, quantize, int8, int
     _assert_same_logits(model)
 
 
+@pytest.mark.parametrize("static", [True, False])
 @pytest.mark.parametrize("attend", ["native", "sdpa"])
 @pytest.mark.parametrize("overrides", [{"positions": "learned"}, {"positions": "rotary", "n_kv_heads": 2, "norm": "rmsnorm"}])
-def test_a_bf16_cache_under_fp32_activations_gives_the_eager_logits(native_gemv, monkeypatch, attend, overrides):
-    """kv_dtype=bfloat16: the C++ step writes the keys and values rounded to bf16 as the forward's copy into the cache
-    does, and reads them widened (our kernel) or converted (torch's) as the forward does, so the same logits and the same
-    buffers bit for bit, over the prompt, the steps and a check of three tokens; near the fp32 cache's logits."""
+def test_a_bf16_cache_under_fp32_activations_gives_the_eager_logits(native_gemv, monkeypatch, attend, overrides, static):
+    """kv_dtype=bfloat16, static or growing cache: the C++ step writes the keys and values rounded to bf16 as the
+    forward's write into the cache does, and reads them widened (our kernel) or converted (torch's) as the forward does,
+    so the same logits and the same cache bit for bit, over the prompt, the steps and a check of three tokens; near the
+    fp32 cache's logits."""
     model = _loaded(**overrides)
     for table in (attention.ONE_QUERY, attention.FEW_QUERY):
         monkeypatch.setitem(table, (torch.float32, 4, 8), attend)
     ids, mask = left_pad(random_rows([5, 2, 3]))
-    native = CausalLMDecoder(model, static_cache=True, kv_dtype=torch.bfloat16)
-    eager = CausalLMDecoder(model, static_cache=True, native=False, kv_dtype=torch.bfloat16)
+    native = CausalLMDecoder(model, static_cache=static, kv_dtype=torch.bfloat16)
+    eager = CausalLMDecoder(model, static_cache=static, native=False, kv_dtype=torch.bfloat16)
     got, want = _teacher_forced(native, ids, mask), _teacher_forced(eager, ids, mask)
     assert torch.equal(got, want) and all(plan is not None for plan in native._native._plans.values())
     (state, _), (eager_state, _) = native.start(ids, mask, max_new_tokens=4), eager.start(ids, mask, max_new_tokens=4)
+    for token in FEED[:2]:
+        native.step(token[:3], state)
+        eager.step(token[:3], eager_state)
     for layer, eager_layer in zip(state.cache.self_attn, eager_state.cache.self_attn):
-        assert layer.k.dtype == layer.v.dtype == torch.bfloat16
+        assert layer.k.dtype == layer.v.dtype == torch.bfloat16 and layer.k.shape == eager_layer.k.shape
         assert torch.equal(layer.k, eager_layer.k) and torch.equal(layer.v, eager_layer.v)
-    wide = _teacher_forced(CausalLMDecoder(model, static_cache=True), ids, mask)
+    wide = _teacher_forced(CausalLMDecoder(model, static_cache=static), ids, mask)
     torch.testing.assert_close(got, wide, rtol=0.05, atol=0.05)  # bf16 keys and values: about 3 significant digits
     assert not torch.equal(got, wide)  # the bf16 cache was read
 
@@ -169,8 +174,9 @@ def test_a_cache_dtype_is_refused_where_it_cannot_apply(native_gemv):
     model = _loaded()
     with pytest.raises(ValueError, match=r"kv_dtype=torch.float16: the static cache keeps keys and values in one of torch.float32, torch.bfloat16"):
         CausalLMDecoder(model, static_cache=True, kv_dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"kv_dtype=torch.bfloat16 is the static cache's \(static_cache=True, without compile\); got static_cache=False"):
-        CausalLMDecoder(model, kv_dtype=torch.bfloat16)
+    for options, why in (({"compile": True}, "compile=True"), ({"use_cache": False}, "use_cache=False")):
+        with pytest.raises(ValueError, match=rf"kv_dtype=torch.bfloat16 is the KV cache's, decoded without compile; got {why}"):
+            CausalLMDecoder(model, kv_dtype=torch.bfloat16, **options)
 
 
 @pytest.mark.parametrize("static", [True, False])

@@ -11,11 +11,13 @@ from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.serve import batch_state
 
 
-@pytest.mark.parametrize("positions", ["learned", "rotary", "alibi", "sinusoidal"])
-def test_joined_rows_decode_as_they_do_alone(positions):
+@pytest.mark.parametrize(("positions", "kv_dtype"), [("learned", None), ("rotary", None), ("alibi", None), ("sinusoidal", None),
+                                                     ("learned", torch.bfloat16)])
+def test_joined_rows_decode_as_they_do_alone(positions, kv_dtype):
+    """(kv_dtype: the caches kept in bf16, joined and trimmed in bf16.)"""
     torch.manual_seed(0)
     model = build_model("tiny-decoder-only", vocab_size=40, positions=positions, max_len=64).eval()
-    decoder = CausalLMDecoder(model)
+    decoder = CausalLMDecoder(model, kv_dtype=kv_dtype)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
     feeds = torch.randint(7, 40, (3, 6))  # tokens each row is fed, step by step
 
@@ -54,6 +56,7 @@ def test_joined_rows_decode_as_they_do_alone(positions):
         for i, b in enumerate(active):
             got[b].append(logits[i])
             fed[b] += 1
+    assert {layer.k.dtype for layer in state.cache.self_attn} == {kv_dtype or torch.float32}
     for b in range(3):
         n = len(got[b])
         assert n >= 3
