@@ -172,7 +172,7 @@ class CausalLMDecoder:
                              f"has {blocker}: decode it without compile (static_cache=True keeps its constant-size cache)")
         if kv_dtype is not None:
             if kv_dtype not in KV_DTYPES:
-                raise ValueError(f"kv_dtype={kv_dtype!r}: the static cache keeps keys and values in one of "
+                raise ValueError(f"kv_dtype={kv_dtype!r}: a KV cache keeps keys and values in one of "
                                  f"{', '.join(map(str, KV_DTYPES))}, or None (the activations' dtype)")
             if compile or not use_cache:
                 raise ValueError(f"kv_dtype={kv_dtype} is the KV cache's, decoded without compile; got "

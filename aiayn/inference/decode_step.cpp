@@ -200,6 +200,9 @@ void rotate_heads(const F* from, T* to, int64_t heads, int64_t dim, int64_t to_h
 // the cache).
 void rotate_into(const at::Tensor& projected, int64_t offset, at::Tensor& to, int64_t column, int64_t head_dim, const at::Tensor& cos,
                  const at::Tensor& sin) {
+  TORCH_CHECK((projected.scalar_type() == at::kFloat || projected.scalar_type() == at::kBFloat16) &&
+              (to.scalar_type() == at::kFloat || to.scalar_type() == at::kBFloat16), "aiayn_native::DecodeStep: rotary positions ",
+              "in float32 or bfloat16, got ", projected.scalar_type(), " into ", to.scalar_type());
   const int64_t row = projected.size(-1), length = projected.size(1);
   for (int64_t bt = 0; bt < to.size(0) * length; ++bt) {
     const int64_t b = bt / length, t = bt % length;
@@ -214,9 +217,6 @@ void rotate_into(const at::Tensor& projected, int64_t offset, at::Tensor& to, in
         rotate_heads(x + from, to.mutable_data_ptr<at::BFloat16>() + into, to.size(1), head_dim, to.stride(1), c, s);
       }
     };
-    TORCH_CHECK((projected.scalar_type() == at::kFloat || projected.scalar_type() == at::kBFloat16) &&
-                (to.scalar_type() == at::kFloat || to.scalar_type() == at::kBFloat16), "aiayn_native::DecodeStep: rotary positions ",
-                "in float32 or bfloat16, got ", projected.scalar_type(), " into ", to.scalar_type());
     if (projected.scalar_type() == at::kFloat) {
       into_typed(projected.const_data_ptr<float>());
     } else {

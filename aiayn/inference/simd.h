@@ -249,7 +249,8 @@ inline void dots16(const W* __restrict w, int64_t stride, const float* __restric
 // both; the additions in another order), in two partial sums, each weight vector loaded once for the M inputs, `ahead` >
 // 0 prefetching the weights that many bytes ahead. Every input's sums are the same operations whatever M (a row of a
 // batch gives what it gives alone). Beside dots() over the widened row, one instruction for two widenings and a
-// multiply-add a vector: one GPT-2-small token's bf16 weight reads 7.5 -> 6.9 ms (Zen 4 EPYC, 2026-12-07).
+// multiply-add a vector: one GPT-2-small token's bf16 weight reads 1.04-1.16x as fast (the widening kernel beside this
+// one in one process, five runs, Zen 4 EPYC, 2026-12-07; docs/benchmarks.md).
 template <int M>
 inline void dots_bf16(const at::BFloat16* __restrict w, const at::BFloat16* __restrict x, int64_t n, int64_t ahead, float* out) {
   __m512 a[M][2];

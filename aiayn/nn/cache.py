@@ -19,8 +19,9 @@ from aiayn.nn.masks import check_padding_mask
 
 __all__ = ["CacheLayer", "KV_DTYPES", "LayerCache", "StaticLayerCache", "KVCache"]
 
-# The dtypes a static cache may keep its keys and values in, whatever the activations' (read widened where they differ):
-# bf16 under fp32 activations halves the bytes a decoding step reads from the cache (llama.cpp keeps fp16 by default).
+# The dtypes a KV cache (static or growing) may keep its keys and values in, whatever the activations' (read widened
+# where they differ): bf16 under fp32 activations halves the bytes a decoding step reads from the cache (llama.cpp keeps
+# fp16 by default).
 KV_DTYPES = (torch.float32, torch.bfloat16)
 
 

@@ -172,7 +172,7 @@ def test_a_bf16_cache_under_fp32_activations_gives_the_eager_logits(native_gemv,
 
 def test_a_cache_dtype_is_refused_where_it_cannot_apply(native_gemv):
     model = _loaded()
-    with pytest.raises(ValueError, match=r"kv_dtype=torch.float16: the static cache keeps keys and values in one of torch.float32, torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"kv_dtype=torch.float16: a KV cache keeps keys and values in one of torch.float32, torch.bfloat16"):
         CausalLMDecoder(model, static_cache=True, kv_dtype=torch.float16)
     for options, why in (({"compile": True}, "compile=True"), ({"use_cache": False}, "use_cache=False")):
         with pytest.raises(ValueError, match=rf"kv_dtype=torch.bfloat16 is the KV cache's, decoded without compile; got {why}"):
