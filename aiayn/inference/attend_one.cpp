@@ -172,7 +172,10 @@ void attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 #if defined(__AVX512BF16__)
         if constexpr (std::is_same_v<T, at::BFloat16> && std::is_same_v<KV, at::BFloat16>) {
           if (dim % 32 == 0) {  // bf16 keys and query multiplied in pairs, summed in fp32 (AVX512-BF16), then scaled
-            for (; s < seen[t]; ++s) row[s] = dot_bf16(kb + s * k_row, qb + t * q.stride(2), dim) * static_cast<float>(scale);
+            for (; s < seen[t]; ++s) {  // the matrix-vector product's bf16 dots, one key row as its weight row
+              dots_bf16<1>(kb + s * k_row, qb + t * q.stride(2), dim, 0, row + s);
+              row[s] *= static_cast<float>(scale);
+            }
           }
         }
 #endif

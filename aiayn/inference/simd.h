@@ -271,14 +271,6 @@ inline void dots_bf16(const at::BFloat16* __restrict w, const at::BFloat16* __re
   for (int m = 0; m < M; ++m) out[m] = sum16(_mm512_add_ps(a[m][0], a[m][1]));
 }
 
-// The dot product of two bf16 rows of n elements (n a multiple of 32), the products of pairs summed in fp32.
-inline float dot_bf16(const at::BFloat16* a, const at::BFloat16* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 32) {
-    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
-  }
-  return _mm512_reduce_add_ps(acc);
-}
 #endif
 
 #if defined(__AVX512F__)
