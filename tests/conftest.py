@@ -30,6 +30,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _subprocess_temporary_files(tmp_path_factory):
+    """Temporary files of the processes tests start under pytest's own temporary folder (which pytest prunes to the last
+    three runs), not the system's: torchrun leaves a ``torchelastic_*`` log folder in $TMPDIR at every launch."""
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+
+
 @pytest.fixture
 def native_gemv():
     """aiayn's native matrix-vector kernel (aiayn.inference.gemv), built into the user cache once per machine;
