@@ -42,6 +42,7 @@ from aiayn.models.config import TransformerConfig
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
 from aiayn.models.encoder_only import EncoderOnly
+from aiayn.nn.cache import KV_AUTO
 from aiayn.pretrained import Pretrained, id2label_names, load_pretrained, prepare_for_inference
 from aiayn.tokenization.base import Tokenizer, same_vocabulary
 from aiayn.tokenization.special import SpecialIds, special_ids
@@ -108,7 +109,7 @@ class LoadedModel:
         top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
         repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
         min_p: float | None = None, speculative: str | None = None, draft: LoadedModel | None = None,
-        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS, kv_dtype: str | torch.dtype | None = KV_AUTO,
     ) -> str: ...
 
     @overload
@@ -117,7 +118,7 @@ class LoadedModel:
         top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
         repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
         min_p: float | None = None, speculative: str | None = None, draft: LoadedModel | None = None,
-        draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS, kv_dtype: str | torch.dtype | None = KV_AUTO,
     ) -> list[str]: ...
 
     def generate(
@@ -125,7 +126,7 @@ class LoadedModel:
         top_p: float | None = None, seed: int = 0, *, greedy: bool = False, stop: Sequence[str] = (),
         repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
         min_p: float | None = None, speculative: str | None = None, draft: LoadedModel | None = None,
-        draft_tokens: int = DEFAULT_DRAFT_TOKENS, kv_dtype: str | torch.dtype | None = None,
+        draft_tokens: int = DEFAULT_DRAFT_TOKENS, kv_dtype: str | torch.dtype | None = KV_AUTO,
     ) -> str | list[str]:
         """Continue ``prompt`` (one text, or a list decoded as one left-padded batch); returns each prompt
         followed by its generated text (EOS not shown): a ``str`` for a ``str``, a list for a list.
@@ -136,7 +137,8 @@ class LoadedModel:
         tokenizer) checks up to ``draft_tokens`` drafted tokens per forward (:mod:`aiayn.decoding.speculative`);
         greedy output is the same, sampling the same distribution. A list is then decoded prompt by prompt.
         ``kv_dtype``: the dtype the static cache keeps keys and values in (``"bfloat16"`` halves what each step reads
-        from it under fp32 activations; default: the activations', :class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
+        from it under fp32 activations; ``None``: the activations'; default ``"auto"``: bf16 for int8 and int4 weights
+        under fp32 activations, else the activations', :func:`~aiayn.decoding.adapters.auto_kv_dtype`)."""
         model = self._need(DecoderOnly, "generate")
         tok = self.src_tokenizer
         config = generation_config(
@@ -149,7 +151,8 @@ class LoadedModel:
             raise ValueError("prompt is an empty list: give at least one text")
         prompt_rows = [prompt_ids(tok, p) for p in prompts]
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        decoder = CausalLMDecoder(model, static_cache=True, kv_dtype=parse_dtype(kv_dtype, name="kv_dtype"))  # the CLI's decoder
+        kv = KV_AUTO if kv_dtype == KV_AUTO else parse_dtype(kv_dtype, name="kv_dtype")
+        decoder = CausalLMDecoder(model, static_cache=True, kv_dtype=kv)  # the CLI's decoder
         if speculative is not None:
             rows = self._speculative_rows(decoder, prompt_rows, config, generator, speculative, draft, draft_tokens)
         else:

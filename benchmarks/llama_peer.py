@@ -21,12 +21,13 @@ from torch import nn
 SCRIPT = Path(__file__).resolve().parent / "llama_cpp.sh"
 HOME = Path(os.environ.get("AIAYN_LLAMA_CPP", Path.home() / ".cache" / "aiayn" / "llama.cpp"))
 # GGUF type -> the variants of ours it is compared with (the best of them counts)
-FORMATS = {  # -kvbf16: the static cache's keys and values in bf16 (llama.cpp keeps its cache in fp16 by default)
+FORMATS = {  # -kvbf16, -kvfp32: the static cache's keys and values in bf16 (llama.cpp keeps its cache in fp16 by
+    # default) or fp32; the first of each, the default load, takes "auto" (bf16 for int8 and int4, fp32 for fp32 weights)
     "f32": ("ours-fp32", "ours-fp32-unpacked", "ours-fp32-compiled", "ours-fp32-small-pages", "ours-fp32-kvbf16"),
     "bf16": ("ours-bf16", "ours-bf16-compiled", "ours-bf16-small-pages"),
     "q8_0": ("ours-int8", "ours-int8-compiled", "ours-int8dyn", "ours-int8dyn-compiled", "ours-int8-small-pages",  # Q8_0 quantises activations too
-             "ours-int8-kvbf16"),
-    "q4_0": ("ours-int4", "ours-int4-compiled", "ours-int4-small-pages", "ours-int4-kvbf16"),
+             "ours-int8-kvbf16", "ours-int8-kvfp32"),
+    "q4_0": ("ours-int4", "ours-int4-compiled", "ours-int4-small-pages", "ours-int4-kvbf16", "ours-int4-kvfp32"),
 }
 TARGETS = {"f32": 1.0, "bf16": 1.1, "q8_0": 1.2, "q4_0": 1.0}
 def find_llama_bench(explicit: str | None = None) -> Path | None:

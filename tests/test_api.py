@@ -63,6 +63,25 @@ def test_generate_is_what_the_cli_prints(dirs, capsys):
         m.generate("hallo", 6, kv_dtype="int8")
 
 
+def test_generate_keeps_int8_and_int4_caches_in_bf16_by_default(dirs, monkeypatch):
+    """kv_dtype defaults to "auto": bf16 for int8 and int4 weights under fp32 activations, the activations' otherwise;
+    None asks for the activations' dtype."""
+    import aiayn.api
+
+    made = []
+
+    class Recorded(aiayn.api.CausalLMDecoder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self.kv_dtype)
+
+    monkeypatch.setattr(aiayn.api, "CausalLMDecoder", Recorded)
+    for quantize, kv_dtype in (("int8", "auto"), ("int4", "auto"), ("int8", None), (None, "auto")):
+        assert aiayn.load(dirs["lm"], quantize=quantize).generate("hallo", 3, greedy=True, kv_dtype=kv_dtype).startswith("hallo")
+    assert aiayn.load(dirs["lm"], quantize="int8").generate("hallo", 3, greedy=True).startswith("hallo")  # the default
+    assert made == [torch.bfloat16, torch.bfloat16, None, None, torch.bfloat16]
+
+
 def test_classify_names_the_labels(dirs, capsys):
     m = aiayn.load(dirs["bert"])
     predictions = m.classify(TEXTS)

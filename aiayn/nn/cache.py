@@ -17,12 +17,13 @@ from torch import Tensor
 
 from aiayn.nn.masks import check_padding_mask
 
-__all__ = ["CacheLayer", "KV_DTYPES", "LayerCache", "StaticLayerCache", "KVCache"]
+__all__ = ["CacheLayer", "KV_AUTO", "KV_DTYPES", "LayerCache", "StaticLayerCache", "KVCache"]
 
 # The dtypes a KV cache (static or growing) may keep its keys and values in, whatever the activations' (read widened
 # where they differ): bf16 under fp32 activations halves the bytes a decoding step reads from the cache (llama.cpp keeps
 # fp16 by default).
 KV_DTYPES = (torch.float32, torch.bfloat16)
+KV_AUTO = "auto"  # a decoder's kv_dtype: the one chosen for its model (aiayn.decoding.adapters.auto_kv_dtype)
 
 
 class CacheLayer(Protocol):

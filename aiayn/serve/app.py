@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aiayn.nn.cache import KV_AUTO
 from aiayn.serve import requests as checks
 from aiayn.serve.capabilities import model_card, refusal, tokenizer_info
 from aiayn.serve.choices import Choices, PlainChoices
@@ -62,11 +63,11 @@ class ServerState:
 
     def __init__(
         self, metrics: ServerMetrics, *, max_batch: int, max_queue: int, max_request_tokens: int = 1 << 16,
-        speculative: dict[str, Any] | None = None, kv_dtype: torch.dtype | None = None,
+        speculative: dict[str, Any] | None = None, kv_dtype: torch.dtype | str | None = None,
     ) -> None:
         self.metrics, self.max_batch, self.max_queue = metrics, max_batch, max_queue
         self.speculative = speculative  # LMEngine's speculative options (aiayn serve --speculative)
-        self.kv_dtype = kv_dtype  # LMEngine's KV cache dtype (aiayn serve --kv-cache-dtype)
+        self.kv_dtype = kv_dtype  # LMEngine's KV cache dtype (aiayn serve --kv-cache-dtype; "auto": the engine's decoder chooses)
         self.max_request_tokens = max_request_tokens
         self.served: ServedModel | None = None
         self.engine: Worker | None = None
@@ -77,12 +78,13 @@ class ServerState:
         try:
             served = load()
             options: dict[str, Any] = {}
-            for flag, given in (("--speculative", self.speculative), ("--kv-cache-dtype", self.kv_dtype)):
+            chosen_kv = None if self.kv_dtype == KV_AUTO else self.kv_dtype  # auto suits every family: it asks nothing
+            for flag, given in (("--speculative", self.speculative), ("--kv-cache-dtype", chosen_kv)):
                 if given is not None and served.family != "decoder-only":
                     raise ValueError(f"{flag} serves decoder-only models; this checkpoint holds a {served.family} model")
             if self.speculative is not None:
                 options.update(self.speculative)
-            if self.kv_dtype is not None:
+            if self.kv_dtype is not None and served.family == "decoder-only":
                 options["kv_dtype"] = self.kv_dtype
             engine = _ENGINES[served.family](served, self.metrics, max_batch=self.max_batch, max_queue=self.max_queue, **options)
             engine.start()
@@ -134,7 +136,7 @@ def create_app(
     on_load_error: Callable[[BaseException], None] | None = None,
     body_timeout: float = 30.0,
     speculative: dict[str, Any] | None = None,
-    kv_dtype: torch.dtype | None = None,
+    kv_dtype: torch.dtype | str | None = None,
 ) -> FastAPI:
     """The app; ``load`` returns the model (see :func:`aiayn.serve.loading.load_served_model`) and runs
     once, on a thread, when the app starts. ``max_batch`` rows share a step; ``max_queue`` requests may
@@ -142,7 +144,8 @@ def create_app(
     ``max_request_tokens`` tokens in all (prompts x ``best_of`` x ``max_tokens``), else 400; a body that has
     not arrived ``body_timeout`` seconds after the headers gets 408. ``speculative``: the decoder-only engine's
     speculative options (``{"speculative": "prompt-lookup", "draft_tokens": K, "ngram": N}``; see :class:`LMEngine`);
-    ``kv_dtype``: the dtype its KV caches keep (:class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
+    ``kv_dtype``: the dtype its KV caches keep, or ``"auto"`` (``aiayn serve``'s default; any family may take it)
+    (:class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
     metrics = ServerMetrics()
     state = ServerState(metrics, max_batch=max_batch, max_queue=max_queue, max_request_tokens=max_request_tokens, speculative=speculative,
                         kv_dtype=kv_dtype)

@@ -98,7 +98,7 @@ class LMEngine(Worker):
     def __init__(
         self, served: ServedModel, metrics: ServerMetrics, *, max_batch: int = 8, max_queue: int = 64,
         speculative: str | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS, ngram: int = DEFAULT_NGRAM,
-        kv_dtype: torch.dtype | None = None,
+        kv_dtype: torch.dtype | str | None = None,
     ) -> None:
         super().__init__(metrics, max_batch=max_batch, max_queue=max_queue)
         self.served = served

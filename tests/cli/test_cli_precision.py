@@ -62,8 +62,8 @@ def test_compile_where_torch_cannot_compile(capsys, models, monkeypatch):
 
 
 def test_kv_cache_dtype_keeps_the_static_cache_in_bf16(capsys, models, monkeypatch):
-    """--kv-cache-dtype reaches the decoder's static cache (its buffers are bf16), and is refused with --compile and for
-    a dtype the cache does not keep, naming the flag."""
+    """--kv-cache-dtype reaches the decoder's static cache (its buffers are bf16; by default, auto, bf16 for int8 and int4
+    weights only), and is refused with --compile and for a dtype the cache does not keep, naming the flag."""
     from aiayn.nn.cache import StaticLayerCache
 
     allocated = []
@@ -71,11 +71,16 @@ def test_kv_cache_dtype_keeps_the_static_cache_in_bf16(capsys, models, monkeypat
     monkeypatch.setattr(StaticLayerCache, "allocate", lambda self, *a: allocate(self, *a) or allocated.append(self.k.dtype))
     assert main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "bf16", *COMMANDS["generate"][1]]) == 0
     assert allocated and set(allocated) == {torch.bfloat16} and capsys.readouterr().out.startswith("a")
+    for flags, want in (([], torch.float32), (["--quantize", "int8"], torch.bfloat16), (["--quantize", "int4"], torch.bfloat16),
+                        (["--quantize", "int8", "--kv-cache-dtype", "fp32"], torch.float32)):  # the default, auto
+        allocated.clear()
+        assert main(["generate", "--checkpoint", models["tiny-decoder-only"], *flags, *COMMANDS["generate"][1]]) == 0
+        assert allocated and set(allocated) == {want}, flags
     with pytest.raises(SystemExit, match=r"aiayn generate: --kv-cache-dtype bfloat16 is the C\+\+ and eager steps' KV cache, not --compile's"):
         main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "bfloat16", "--compile", *COMMANDS["generate"][1]])
     with pytest.raises(SystemExit):
         main(["generate", "--checkpoint", models["tiny-decoder-only"], "--kv-cache-dtype", "float16", *COMMANDS["generate"][1]])
-    assert "argument --kv-cache-dtype: invalid choice: 'float16' (choose from 'float32', 'bfloat16', 'fp32', 'bf16')" in capsys.readouterr().err
+    assert "argument --kv-cache-dtype: invalid choice: 'float16' (choose from 'auto', 'float32', 'bfloat16', 'fp32', 'bf16')" in capsys.readouterr().err
 
 
 def test_compile_says_it_is_compiling_before_the_wait(capsys, models, monkeypatch):

@@ -6,7 +6,7 @@ import torch
 from decoding_helpers import gpt, random_rows
 
 from aiayn.decoding import BeamConfig, CausalLMDecoder, GenerationConfig, SpeculativeDecoder, beam_search, generate, left_pad
-from aiayn.decoding.adapters import _decode_one
+from aiayn.decoding.adapters import _decode_one, auto_kv_dtype
 from aiayn.decoding.native_step import NativeStep, native_step_blocker
 from aiayn.inference import kernel_choice
 from aiayn.inference.int4 import Int4Linear
@@ -177,6 +177,23 @@ def test_a_cache_dtype_is_refused_where_it_cannot_apply(native_gemv):
     for options, why in (({"compile": True}, "compile=True"), ({"use_cache": False}, "use_cache=False")):
         with pytest.raises(ValueError, match=rf"kv_dtype=torch.bfloat16 is the KV cache's, decoded without compile; got {why}"):
             CausalLMDecoder(model, kv_dtype=torch.bfloat16, **options)
+
+
+def test_kv_dtype_auto_keeps_int8_and_int4_models_caches_in_bf16(native_gemv):
+    """kv_dtype="auto" (the CLI's, the server's and aiayn.load's default): bf16 for weight-only int8 and int4 layers under
+    fp32 activations; the activations' dtype for fp32 and bf16 weights, bf16 activations, compile and no cache."""
+    ids, mask = left_pad(random_rows([3, 2]))
+    for quantize, dtype, want in ((None, None, None), ("int8", None, torch.bfloat16), ("int4", None, torch.bfloat16),
+                                  ("int8", "bfloat16", None), (None, "bfloat16", None)):
+        model = _loaded(dtype=dtype, quantize=quantize)
+        decoder = CausalLMDecoder(model, static_cache=True, kv_dtype="auto")
+        assert auto_kv_dtype(model) == decoder.kv_dtype == want, (quantize, dtype)
+        state, _ = decoder.start(ids, mask, max_new_tokens=2)
+        written = {want or (torch.bfloat16 if dtype else torch.float32)}
+        assert {t.dtype for layer in state.cache.self_attn for t in (layer.k, layer.v)} == written, (quantize, dtype)
+    assert CausalLMDecoder(model, use_cache=False, kv_dtype="auto").kv_dtype is None
+    with pytest.raises(ValueError, match=r"kv_dtype='bf16': a KV cache keeps .* None \(the activations' dtype\) or 'auto'"):
+        CausalLMDecoder(model, kv_dtype="bf16")  # a name, not a dtype: the entry points parse names
 
 
 @pytest.mark.parametrize("static", [True, False])

@@ -96,3 +96,8 @@ def test_a_server_with_a_bf16_kv_cache_completes_concurrent_requests(serve, save
     state = ServerState(ServerMetrics(), max_batch=2, max_queue=2, kv_dtype=torch.bfloat16)
     state.load(lambda: served_model(tokenizer, "tiny-encoder-only"), errors.append)
     assert state.load_error is not None and "--kv-cache-dtype serves decoder-only models; this checkpoint holds a encoder-only model" in state.load_error
+    assert build_parser().parse_args(["serve", "--checkpoint", str(saved[0])]).kv_cache_dtype == "auto"  # the default
+    state = ServerState(ServerMetrics(), max_batch=2, max_queue=2, kv_dtype="auto")  # asks nothing of another family
+    state.load(lambda: served_model(tokenizer, "tiny-encoder-only"), errors.append)
+    assert state.load_error is None and state.engine is not None
+    state.engine.stop()
