@@ -37,7 +37,7 @@ from aiayn.decoding.text import (
 )
 from aiayn.decoding.translate import translate_sentences
 from aiayn.inference.embed import embed_texts, embedding_pooling
-from aiayn.inference.precision import parse_dtype
+from aiayn.inference.precision import parse_kv_dtype
 from aiayn.models.config import TransformerConfig
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.models.encoder_decoder import EncoderDecoder
@@ -151,8 +151,7 @@ class LoadedModel:
             raise ValueError("prompt is an empty list: give at least one text")
         prompt_rows = [prompt_ids(tok, p) for p in prompts]
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        kv = KV_AUTO if kv_dtype == KV_AUTO else parse_dtype(kv_dtype, name="kv_dtype")
-        decoder = CausalLMDecoder(model, static_cache=True, kv_dtype=kv)  # the CLI's decoder
+        decoder = CausalLMDecoder(model, static_cache=True, kv_dtype=parse_kv_dtype(kv_dtype))  # the CLI's decoder
         if speculative is not None:
             rows = self._speculative_rows(decoder, prompt_rows, config, generator, speculative, draft, draft_tokens)
         else:

@@ -8,12 +8,13 @@ import sys
 import torch
 
 from aiayn.cli.args import finite_float
-from aiayn.cli.inference import add_checkpoint_arguments, add_kv_cache_argument, check_compile, kv_cache_dtype, load_model_for
+from aiayn.cli.inference import add_checkpoint_arguments, add_kv_cache_argument, check_compile, load_model_for
 from aiayn.decoding.adapters import CausalLMDecoder
 from aiayn.decoding.sampling import GenerationConfig
 from aiayn.decoding.speculative import DEFAULT_DRAFT_TOKENS, DEFAULT_NGRAM, SPECULATIVE_MODES, SpeculativeDecoder
 from aiayn.decoding.streaming import stream_text
 from aiayn.decoding.text import generation_config, prompt_ids
+from aiayn.inference.precision import parse_kv_dtype
 from aiayn.models.decoder_only import DecoderOnly
 from aiayn.nn.cache import KV_AUTO
 from aiayn.tokenization.base import same_vocabulary
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         name, _, rest = str(e).partition("=")  # "top_p=1.5 must be ..." -> "--top-p=1.5 must be ..."
         raise SystemExit(f"aiayn generate: --{name.replace('_', '-')}={rest}") from None
     _check_speculative(args)
-    if args.compile and kv_cache_dtype(args) != KV_AUTO:
+    kv_dtype = parse_kv_dtype(args.kv_cache_dtype, name="--kv-cache-dtype")
+    if args.compile and kv_dtype != KV_AUTO:
         raise SystemExit(f"aiayn generate: --kv-cache-dtype {args.kv_cache_dtype} is the C++ and eager steps' KV cache, not "
                          "--compile's: drop one of the two")
     loaded, tokenizer, _ = load_model_for("generate", args, DecoderOnly, "a decoder-only model (for translation use aiayn translate)")
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         check_compile("generate")
     try:
         plain = CausalLMDecoder(loaded.model, static_cache=True, compile=args.compile,  # type: ignore[arg-type]
-                                kv_dtype=kv_cache_dtype(args))
+                                kv_dtype=kv_dtype)
     except ValueError as e:
         raise SystemExit(f"aiayn generate: {'--compile' if args.compile else '--kv-cache-dtype'}: {e}") from None
     decoder: CausalLMDecoder | SpeculativeDecoder = _speculative(args, plain, tokenizer) if args.speculative else plain

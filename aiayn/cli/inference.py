@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from aiayn.api import load_parts
 from aiayn.cli.args import device
-from aiayn.inference.precision import DTYPE_ALIASES, DTYPE_CHOICES, DTYPES, parse_dtype
+from aiayn.inference.precision import DTYPE_ALIASES, DTYPE_CHOICES, DTYPES
 from aiayn.inference.quantization import QUANTIZATIONS
 from aiayn.nn.cache import KV_AUTO, KV_DTYPES
 from aiayn.pretrained import Pretrained
@@ -69,17 +68,11 @@ KV_CACHE_DTYPES = tuple(name for name in DTYPE_CHOICES if DTYPES[DTYPE_ALIASES.g
 def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
     """``--kv-cache-dtype`` (``args.kv_cache_dtype``, default ``"auto"``): the ``kv_dtype`` of a decoder-only model's
     :class:`~aiayn.decoding.adapters.CausalLMDecoder` (``aiayn generate``, ``aiayn serve``); read it with
-    :func:`kv_cache_dtype`."""
+    :func:`~aiayn.inference.precision.parse_kv_dtype`."""
     parser.add_argument("--kv-cache-dtype", choices=(KV_AUTO, *KV_CACHE_DTYPES), default=KV_AUTO,
                         help="decoder-only: keep the KV cache's keys and values in this dtype, read widened: bfloat16 under "
                              "float32 activations halves the cache's memory and what each step reads from it (default: auto, "
                              "bfloat16 for int8 and int4 weights under float32 activations, else the activations')")
-
-
-def kv_cache_dtype(args: argparse.Namespace) -> torch.dtype | str | None:
-    """``--kv-cache-dtype`` as ``CausalLMDecoder``'s ``kv_dtype``: ``"auto"``, or a dtype."""
-    value = args.kv_cache_dtype
-    return KV_AUTO if value in (None, KV_AUTO) else parse_dtype(value, name="--kv-cache-dtype")
 
 
 def add_pack_argument(parser: argparse.ArgumentParser) -> None:

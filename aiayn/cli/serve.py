@@ -7,9 +7,9 @@ import socket
 import sys
 
 from aiayn.cli.args import device, finite_float
-from aiayn.cli.inference import add_kv_cache_argument, add_pack_argument, add_quantize_argument, kv_cache_dtype
+from aiayn.cli.inference import add_kv_cache_argument, add_pack_argument, add_quantize_argument
 from aiayn.decoding.speculative import DEFAULT_DRAFT_TOKENS, DEFAULT_NGRAM
-from aiayn.inference.precision import DTYPE_CHOICES
+from aiayn.inference.precision import DTYPE_CHOICES, parse_kv_dtype
 
 HEADER_TIMEOUT = 10.0  # seconds for a request line and headers: real clients send them in one packet
 
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, on_load_error=load_failed,
         body_timeout=args.body_timeout,
         speculative=None if args.speculative is None else {"speculative": args.speculative, "draft_tokens": args.draft_tokens, "ngram": args.ngram},
-        kv_dtype=kv_cache_dtype(args),
+        kv_dtype=parse_kv_dtype(args.kv_cache_dtype, name="--kv-cache-dtype"),
     )
     server = _Server(server_config(app, header_timeout=args.header_timeout, max_connections=args.max_connections,
                                    log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from aiayn.inference import gemv
 from aiayn.inference.split_linear import split_linear, split_parts
+from aiayn.nn.cache import KV_AUTO
 
 __all__ = ["DTYPES", "DTYPE_ALIASES", "DTYPE_CHOICES", "PackedLinear", "cast_model", "dtype_name", "native_bf16",
            "pack_linears", "parse_dtype"]
@@ -49,6 +50,12 @@ def parse_dtype(value: str | torch.dtype | None, *, name: str = "dtype") -> torc
     """``"bfloat16"`` / ``"bf16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; ``None`` stays ``None`` (keep the
     file's). Raises ``ValueError`` as :func:`dtype_name`."""
     return None if value is None else DTYPES[dtype_name(value, name=name)]
+
+
+def parse_kv_dtype(value: str | torch.dtype | None, *, name: str = "kv_dtype") -> torch.dtype | str | None:
+    """A KV cache's dtype as :class:`~aiayn.decoding.adapters.CausalLMDecoder` takes it: ``"auto"`` stays ``"auto"``
+    (the decoder chooses for its model), anything else as :func:`parse_dtype` reads it."""
+    return KV_AUTO if value == KV_AUTO else parse_dtype(value, name=name)
 
 
 def native_bf16(device: torch.device) -> bool:

@@ -64,7 +64,7 @@ class SoftmaxKernel:
             if not isinstance(cache, (LayerCache, StaticLayerCache)):
                 raise _wrong_cache(cache, self.name)
             k, v, mask, causal = cache.update(k, v, mask, causal)  # (B, Hkv, S, Dh): all positions so far
-            if k.dtype != q.dtype:  # a static cache kept in another dtype (cache.KV_DTYPES): attend in the queries'
+            if k.dtype != q.dtype:  # a KV cache kept in another dtype (cache.KV_DTYPES): attend in the queries'
                 k, v = k.to(q.dtype), v.to(q.dtype)
         return scaled_dot_product_attention(
             q, k, v, mask=mask, bias=bias(q.shape[2], k.shape[2]) if bias is not None else None, causal=causal,
