@@ -137,7 +137,7 @@ class LoadedModel:
         tokenizer) checks up to ``draft_tokens`` drafted tokens per forward (:mod:`aiayn.decoding.speculative`);
         greedy output is the same, sampling the same distribution. A list is then decoded prompt by prompt.
         ``kv_dtype``: the dtype the static cache keeps keys and values in (``"bfloat16"`` halves what each step reads
-        from it under fp32 activations; ``None``: the activations'; default ``"auto"``: bf16 for int8 and int4 weights
+        from it under fp32 activations; ``None``: the activations'; default ``"auto"``: bf16 for weight-only int8 and int4 weights
         under fp32 activations, else the activations', :func:`~aiayn.decoding.adapters.auto_kv_dtype`)."""
         model = self._need(DecoderOnly, "generate")
         tok = self.src_tokenizer

@@ -10,9 +10,9 @@ one-token step through the model's Python modules rather than the C++ step the d
 it (``ours-*-eager``: ``CausalLMDecoder(native=False)``, :mod:`aiayn.decoding.native_step`), with the weights left on
 4 KiB pages where the default load puts them on transparent huge pages (``ours-*-small-pages``: ``huge_pages=False``,
 :mod:`aiayn.inference.huge_pages`; the same kernels), with the static cache's keys and values kept in bf16
-(``ours-{fp32,int8,int4}-kvbf16``: ``CausalLMDecoder(kv_dtype=torch.bfloat16)``, as llama.cpp keeps fp16 by default) or in
+(``ours-{fp32,int8,int4,int8dyn}-kvbf16``: ``CausalLMDecoder(kv_dtype=torch.bfloat16)``, as llama.cpp keeps fp16 by default) or in
 the activations' dtype (``ours-{int8,int4}-kvfp32``: ``kv_dtype=None``; the other variants take ``kv_dtype="auto"``, as
-``aiayn.load(...).generate`` does: bf16 for int8 and int4 weights, else the activations'), without a
+``aiayn.load(...).generate`` does: bf16 for weight-only int8 and int4 weights, else the activations'), without a
 cache (``ours-fp32-uncached``), with plain ``nn.Linear`` layers instead of the oneDNN-packed ones
 ``load_pretrained`` gives (``ours-fp32-unpacked``: MKL's sgemm, as Hugging Face runs); Hugging Face ``GPT2LMHeadModel.generate`` in fp32 (``hf-fp32``) and
 with bf16 weights (``hf-bf16``). Weights are random (no download), built as ``GPT2LMHeadModel`` and
@@ -96,7 +96,7 @@ VARIANTS = (
     "ours-int8-compiled", "ours-int8dyn", "ours-int8dyn-compiled", "ours-int4", "ours-int4-compiled", "ours-fp32-uncached", "ours-fp32-unpacked", "hf-fp32", "hf-bf16",
     "ours-fp32-eager", "ours-bf16-eager", "ours-int8-eager", "ours-int4-eager",
     "ours-fp32-small-pages", "ours-bf16-small-pages", "ours-int8-small-pages", "ours-int4-small-pages",
-    "ours-fp32-kvbf16", "ours-int8-kvbf16", "ours-int4-kvbf16", "ours-int8-kvfp32", "ours-int4-kvfp32",
+    "ours-fp32-kvbf16", "ours-int8-kvbf16", "ours-int4-kvbf16", "ours-int8-kvfp32", "ours-int4-kvfp32", "ours-int8dyn-kvbf16",
 )
 DEFAULT_VARIANTS = (
     "ours-fp32", "ours-fp32-unpacked", "ours-fp32-dynamic", "ours-bf16", "ours-int8", "ours-int4", "ours-fp32-compiled", "ours-fp32-uncached",

@@ -72,7 +72,7 @@ def add_kv_cache_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=(KV_AUTO, *KV_CACHE_DTYPES), default=KV_AUTO,
                         help="decoder-only: keep the KV cache's keys and values in this dtype, read widened: bfloat16 under "
                              "float32 activations halves the cache's memory and what each step reads from it (default: auto, "
-                             "bfloat16 for int8 and int4 weights under float32 activations, else the activations')")
+                             "bfloat16 for weight-only int8 and int4 weights under float32 activations, else the activations')")
 
 
 def add_pack_argument(parser: argparse.ArgumentParser) -> None:

@@ -141,11 +141,13 @@ def auto_kv_dtype(model: nn.Module) -> torch.dtype | None:
     weights under fp32 activations, else ``None`` (the activations'). Those models' logits already carry the weights'
     rounding, and a cache in bf16 made GPT-2 small's int8 and int4 decoding 6-9% faster after a 512-token prompt (with
     AVX-512 code, and AVX2 code built for the same machine) and the same or faster after 16 (docs/benchmarks.md); fp32
-    weights gained nothing from it and keep Hugging Face's tokens with an fp32 cache."""
+    weights gained nothing from it and keep Hugging Face's tokens with an fp32 cache; int8-dynamic layers (not weight-only:
+    :class:`~aiayn.inference.int8_dynamic.Int8DynamicLinear`) decoded 5-9% slower with it after 16 tokens, and keep it too."""
     from aiayn.inference.int4 import Int4Linear  # here: the inference package imports decoding
+    from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.quantization import Int8Linear
 
-    if not any(isinstance(m, (Int8Linear, Int4Linear)) for m in model.modules()):
+    if not any(isinstance(m, (Int8Linear, Int4Linear)) and not isinstance(m, Int8DynamicLinear) for m in model.modules()):
         return None
     activations = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return torch.bfloat16 if activations == torch.float32 else None

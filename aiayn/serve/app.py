@@ -63,7 +63,7 @@ class ServerState:
 
     def __init__(
         self, metrics: ServerMetrics, *, max_batch: int, max_queue: int, max_request_tokens: int = 1 << 16,
-        speculative: dict[str, Any] | None = None, kv_dtype: torch.dtype | str | None = None,
+        speculative: dict[str, Any] | None = None, kv_dtype: torch.dtype | str | None = KV_AUTO,
     ) -> None:
         self.metrics, self.max_batch, self.max_queue = metrics, max_batch, max_queue
         self.speculative = speculative  # LMEngine's speculative options (aiayn serve --speculative)
@@ -136,7 +136,7 @@ def create_app(
     on_load_error: Callable[[BaseException], None] | None = None,
     body_timeout: float = 30.0,
     speculative: dict[str, Any] | None = None,
-    kv_dtype: torch.dtype | str | None = None,
+    kv_dtype: torch.dtype | str | None = KV_AUTO,
 ) -> FastAPI:
     """The app; ``load`` returns the model (see :func:`aiayn.serve.loading.load_served_model`) and runs
     once, on a thread, when the app starts. ``max_batch`` rows share a step; ``max_queue`` requests may
@@ -144,7 +144,8 @@ def create_app(
     ``max_request_tokens`` tokens in all (prompts x ``best_of`` x ``max_tokens``), else 400; a body that has
     not arrived ``body_timeout`` seconds after the headers gets 408. ``speculative``: the decoder-only engine's
     speculative options (``{"speculative": "prompt-lookup", "draft_tokens": K, "ngram": N}``; see :class:`LMEngine`);
-    ``kv_dtype``: the dtype its KV caches keep, or ``"auto"`` (``aiayn serve``'s default; any family may take it)
+    ``kv_dtype``: the dtype its KV caches keep, ``None`` (the activations'), or ``"auto"`` (the default, as ``aiayn serve``'s
+    and ``aiayn.load(...).generate``'s: bf16 for weight-only int8 and int4 weights; any family may take it)
     (:class:`~aiayn.decoding.adapters.CausalLMDecoder`)."""
     metrics = ServerMetrics()
     state = ServerState(metrics, max_batch=max_batch, max_queue=max_queue, max_request_tokens=max_request_tokens, speculative=speculative,

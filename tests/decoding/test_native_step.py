@@ -181,10 +181,11 @@ def test_a_cache_dtype_is_refused_where_it_cannot_apply(native_gemv):
 
 def test_kv_dtype_auto_keeps_int8_and_int4_models_caches_in_bf16(native_gemv):
     """kv_dtype="auto" (the CLI's, the server's and aiayn.load's default): bf16 for weight-only int8 and int4 layers under
-    fp32 activations; the activations' dtype for fp32 and bf16 weights, bf16 activations, compile and no cache."""
+    fp32 activations; the activations' dtype for fp32 and bf16 weights, bf16 activations, int8-dynamic layers (an
+    Int8Linear that is not weight-only), compile and no cache."""
     ids, mask = left_pad(random_rows([3, 2]))
     for quantize, dtype, want in ((None, None, None), ("int8", None, torch.bfloat16), ("int4", None, torch.bfloat16),
-                                  ("int8", "bfloat16", None), (None, "bfloat16", None)):
+                                  ("int8", "bfloat16", None), (None, "bfloat16", None), ("int8-dynamic", None, None)):
         model = _loaded(dtype=dtype, quantize=quantize)
         decoder = CausalLMDecoder(model, static_cache=True, kv_dtype="auto")
         assert auto_kv_dtype(model) == decoder.kv_dtype == want, (quantize, dtype)

@@ -44,7 +44,8 @@ def test_a_bfloat16_server_completes(serve, saved):
 
 @pytest.mark.parametrize("quantize", ["int8", "int8-dynamic", "int4"])
 def test_a_quantised_server_completes(serve, saved, quantize):
-    """`aiayn serve --quantize` reaches the loader (int8-dynamic: a batch's rows share one activation range)."""
+    """`aiayn serve --quantize` reaches the loader (int8-dynamic: a batch's rows share one activation range); the library's
+    `create_app` keeps the KV cache as `aiayn serve` does by default (`auto`: bf16 for weight-only int8 and int4)."""
     import httpx
 
     from aiayn.cli.main import build_parser
@@ -54,6 +55,7 @@ def test_a_quantised_server_completes(serve, saved, quantize):
     server = serve(lambda: load_served_model(saved[0], quantize=args.quantize))
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "a cat", "max_tokens": 5, "seed": 0}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    assert server.app.state.server.engine.decoder.kv_dtype == (None if quantize == "int8-dynamic" else torch.bfloat16)
 
 
 def test_a_server_with_a_bf16_kv_cache_completes_concurrent_requests(serve, saved, tokenizer, monkeypatch):
