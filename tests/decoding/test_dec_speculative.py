@@ -13,7 +13,7 @@ from decoding_helpers import enc_dec, gpt, random_rows
 from aiayn import build_model
 from aiayn.cli.main import main
 from aiayn.decoding import CausalLMDecoder, GenerationConfig, Seq2SeqDecoder, generate, sample
-from aiayn.decoding.speculative import SpeculativeDecoder, accept_or_resample, lookup_continuation
+from aiayn.decoding.speculative import NgramIndex, SpeculativeDecoder, accept_or_resample, lookup_continuation
 from aiayn.nn.cache import LayerCache, StaticLayerCache
 from aiayn.pretrained import save_pretrained
 from aiayn.tokenization import CharTokenizer
@@ -135,6 +135,22 @@ def test_lookup_takes_the_last_earlier_occurrence():
     assert lookup_continuation([5, 6, 4, 6], 3, 4) == [4, 6, 4, 6]  # the 1-gram [6], then copied on with period 2
     assert lookup_continuation([7, 7, 7], 3, 3) == [7, 7, 7]  # a loop of period 1 drafts as many as asked
     assert lookup_continuation([1, 2, 3], 3, 4) == []
+
+
+def test_the_ngram_index_drafts_what_the_scan_drafts():
+    """A run's index (kept as its history grows a token or a few at a time) gives lookup_continuation's drafts at every
+    length, over few-token vocabularies (many repeats, loops) and a many-token one (few matches); a shorter history than
+    the last one is indexed anew."""
+    g = torch.Generator().manual_seed(0)
+    for vocab, ngram, count in ((2, 3, 4), (3, 3, 7), (5, 2, 5), (50, 3, 3), (4, 1, 6)):
+        history = torch.randint(vocab, (8,), generator=g).tolist()
+        index = NgramIndex(ngram)
+        while len(history) < 120:
+            assert index.continuation(history, count) == lookup_continuation(history, ngram, count), (vocab, ngram, history)
+            history += torch.randint(vocab, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+        shorter = history[:30]
+        assert index.continuation(shorter, count) == lookup_continuation(shorter, ngram, count)
+    assert NgramIndex(3).continuation([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2) == [7, 8]
 
 
 class Scripted:
