@@ -142,7 +142,7 @@ def auto_kv_dtype(model: nn.Module) -> torch.dtype | None:
     rounding, and a cache in bf16 made GPT-2 small's int8 and int4 decoding 6-9% faster after a 512-token prompt (with
     AVX-512 code, and AVX2 code built for the same machine) and the same or faster after 16 (docs/benchmarks.md); fp32
     weights gained nothing from it and keep Hugging Face's tokens with an fp32 cache; int8-dynamic layers (not weight-only:
-    :class:`~aiayn.inference.int8_dynamic.Int8DynamicLinear`) decoded 5-9% slower with it after 16 tokens, and keep it too."""
+    :class:`~aiayn.inference.int8_dynamic.Int8DynamicLinear`) decoded 2-8% slower with it, and keep it too."""
     from aiayn.inference.int4 import Int4Linear  # here: the inference package imports decoding
     from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.quantization import Int8Linear
