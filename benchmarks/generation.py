@@ -39,8 +39,9 @@ llama.cpp is the peer at batch 1 when its llama-bench is built (``benchmarks/lla
 minutes on 2 cores): the same random GPT-2 weights are converted by llama.cpp's own converter to F32, BF16, Q8_0
 and Q4_0, and ``llama-bench -t THREADS -p PROMPT -n NEW_TOKENS -r 1 --repack 0`` runs each once a round, in the
 same interleaved rounds as ours (a shared machine's bandwidth drifts by a third within minutes: only rounds taken
-together compare). Its rows join the table (``llama.cpp-f32`` ...), and a second table gives ours (the best variant
-of each format) against it. Without the build the column is skipped, saying how to build it. ``--llama-cpp no``
+together compare; each format's runs follow our variants of that format). Its rows join the table (``llama.cpp-f32``
+...), and a second table gives ours (the best variant of each format) against it: the ratio of the two medians, and the
+median and range of each round's ratio, which the verdict reads. Without the build the column is skipped, saying how to build it. ``--llama-cpp no``
 skips it.
 """
 
@@ -250,6 +251,20 @@ def interleaved(runners: dict[str, Callable[[], object]], rounds: int) -> dict[s
     return times
 
 
+def beside_their_format(calls: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
+    """``calls`` reordered so that each llama.cpp format's runs follow our variants of that format (and their
+    prefills) in a round: the host's memory speed can change within a round of minutes (on a Zen 4 EPYC it moved from
+    31 to 48 GB/s between two rounds, 2026-12-07), and the per-round ratio pairs what ran seconds apart."""
+    def group(name: str) -> int:
+        base = name.split(":")[0]
+        for i, (fmt, variants) in enumerate(llama_peer.FORMATS.items()):
+            if base in variants or base == f"llama.cpp-{fmt}":
+                return i
+        return len(llama_peer.FORMATS)
+
+    return dict(sorted(calls.items(), key=lambda item: group(item[0])))  # stable: the order within a group is kept
+
+
 # --------------------------------------------------------------------------- the two benchmarks
 
 
@@ -265,6 +280,8 @@ class Row:
     outside: float | None = None  # the share of a decode step outside the weight kernels (ours only)
     decode_tokens_per_s: float | None = None  # ours without the prefill: the tokens after the first over the steps' time
     prefill_tokens_per_s: float | None = None  # ours: the prompt's tokens over the median prefill (decoder.start)
+    decode_rates: tuple[float | None, ...] = ()  # ours: each round's decode-only rate (its call less its prefill), None
+    # where that round's prefill outlasted its call: paired with llama.cpp's rate of the same round
 
 
 def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threads: int, bandwidth: float) -> list[Row]:
@@ -283,7 +300,7 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
         calls.update({f"{n}:prefill": (lambda d=d: d.start(ids, max_new_tokens=args.new_tokens))
                       for n, (_, _, d) in runners.items() if d is not None})
     calls.update({name: call for name, (call, _) in peer_rates.items()})
-    times = interleaved(calls, args.rounds)  # llama-bench's rounds among ours: the machine's drift hits both alike
+    times = interleaved(beside_their_format(calls), args.rounds)  # llama-bench's runs among ours: the drift hits both alike
     rows = [Row(batch, threads, name, statistics.median(rates), -1, None, tuple(rates)) for name, (_, rates) in peer_rates.items()]
     prompt_tokens = batch * args.prompt
     for name, (_, model, decoder) in runners.items():
@@ -291,9 +308,11 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
         agree = leading_agreement(outputs[name], reference) if reference is not None else -1
         bound = batch * bandwidth / weight_bytes(model) if not name.endswith("-uncached") else None
         outside = outside_the_weights(decoder, ids, min(16, args.new_tokens)) if decoder is not None else None
-        decode, prefill = None, None
+        decode, prefill, decode_rates = None, None, ()
         if f"{name}:prefill" in times:
             prefill = prompt_tokens / statistics.median(times[f"{name}:prefill"])
+            decode_rates = tuple(batch * (args.new_tokens - 1) / (t - p) if t > p and args.new_tokens > 1 else None
+                                 for t, p in zip(times[name], times[f"{name}:prefill"]))
         if f"{name}:prefill" in times and args.new_tokens > 1:  # new_tokens - 1 steps: the first token is the prefill's
             steps = statistics.median(times[name]) - statistics.median(times[f"{name}:prefill"])
             if steps > 0:  # a noisy round can make the median prefill outlast the median whole call: no rate then
@@ -301,7 +320,7 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
             else:
                 log.warning("%s: the median prefill (%.4f s) is not shorter than the median call: no decode-only rate", name,
                             statistics.median(times[f"{name}:prefill"]))
-        rows.append(Row(batch, threads, name, statistics.median(rates), agree, bound, rates, outside, decode, prefill))
+        rows.append(Row(batch, threads, name, statistics.median(rates), agree, bound, rates, outside, decode, prefill, decode_rates))
     if args.profile:
         for name in args.profile:
             if name in runners:
@@ -524,18 +543,28 @@ def llama_table(args: argparse.Namespace, rows: Sequence[Row]) -> str:
     lines = [f"\nllama.cpp ({bench}), batch 1, --repack 0, one llama-bench run a round, in the rounds of ours; generation "
              f"alone on both sides: llama-bench's -n after -d {args.prompt} tokens in its cache, ours without the prefill "
              "(the tokens after the first over the time of the steps, the median prefill subtracted)",
-             "| threads | GGUF | llama.cpp tok/s | ours, best variant | ours tok/s (decode only) | ours/llama.cpp | target |",
-             "| ---: | --- | ---: | --- | ---: | ---: | --- |"]
+             "| threads | GGUF | llama.cpp tok/s | ours, best variant | ours tok/s (decode only) | ratio of the medians | "
+             "ours/llama.cpp per round: median (range) | target (on the rounds' median) |",
+             "| ---: | --- | ---: | --- | ---: | ---: | --- | --- |"]
     for threads, fmt, peer_row, best in _against_llama(args, rows, "", lambda r: r.decode_tokens_per_s):
         variants = llama_peer.FORMATS[fmt]
         want, peer_rate = llama_peer.TARGETS[fmt], peer_row.tokens_per_s
         if best is None:
-            lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | (not run: {', '.join(variants)}) | - | - | >= {want} |")
+            lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | (not run: {', '.join(variants)}) | - | - | - | >= {want} |")
             continue
         rate = best.decode_tokens_per_s or 0.0
-        got = rate / peer_rate
+        of_medians = rate / peer_rate
+        # Each round's ratio pairs runs seconds apart; the two medians can come from rounds minutes apart, on either side
+        # of a change of the host's memory speed. The verdict reads the median of the rounds' ratios where there are any.
+        paired = [ours / peer for ours, peer in zip(best.decode_rates, peer_row.rates) if ours is not None]
+        got = statistics.median(paired) if paired else of_medians
         verdict = "met" if got >= want else f"missed by {want - got:.2f} ({got / want:.0%} of it)"
-        lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | {best.variant} | {rate:,.2f} | {got:.2f} | >= {want}: {verdict} |")
+        rounds = "-"
+        if paired:
+            rounds = f"{got:.2f} ({min(paired):.2f}-{max(paired):.2f})"
+            verdict += f", {sum(r >= want for r in paired)} of {len(paired)} rounds"
+        lines.append(f"| {threads} | {fmt} | {peer_rate:,.2f} | {best.variant} | {rate:,.2f} | {of_medians:.2f} | {rounds} | "
+                     f">= {want}: {verdict} |")
     return "\n".join(lines)
 
 

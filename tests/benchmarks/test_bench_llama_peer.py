@@ -64,10 +64,24 @@ def test_llama_bench_runs_in_the_rounds_of_ours_and_the_table_divides_the_rates(
     decode = peer["ours-fp32"].decode_tokens_per_s  # generation alone, as llama-bench's -n after -d times it
     assert decode is not None and decode > 0 and decode != peer["ours-fp32"].tokens_per_s
     out = capsys.readouterr().out
-    assert f"| 1 | f32 | 20.00 | ours-fp32 | {decode:,.2f} | {decode / 20.0:.2f} |" in out
+    (round_rate,) = peer["ours-fp32"].decode_rates  # one round: its call less its prefill, paired with llama.cpp's round
+    assert round_rate is not None and round_rate == pytest.approx(decode)
+    paired = round_rate / 20.0
+    assert (f"| 1 | f32 | 20.00 | ours-fp32 | {decode:,.2f} | {decode / 20.0:.2f} | {paired:.2f} ({paired:.2f}-{paired:.2f}) | "
+            f">= 1.0: {'met' if paired >= 1.0 else 'missed'}") in out
+    assert f"{int(paired >= 1.0)} of 1 rounds |" in out
     assert "ours tok/s (decode only)" in out
     assert not any(prompt_rates.values())  # the prompt processing of each format ran once a round too
     prefill = peer["ours-fp32"].prefill_tokens_per_s  # the prompt's 16 tokens over our median prefill
     assert prefill is not None and prefill > 0 and peer["llama.cpp-f32:prompt"].tokens_per_s == 200.0
     assert f"| 1 | f32 | 200.0 | ours-fp32 | {prefill:,.1f} | {prefill / 200.0:.2f} |" in out
     assert "| llama.cpp-f32:prompt |" not in out  # not a row of the generation table
+
+
+def test_each_llama_format_runs_beside_our_variants_of_it():
+    gen = load_benchmark("generation")
+    calls = dict.fromkeys(("ours-fp32", "ours-int8", "hf-fp32", "ours-int8-kvfp32", "ours-fp32:prefill", "ours-int8:prefill",
+                           "llama.cpp-f32", "llama.cpp-f32:prompt", "llama.cpp-q8_0", "llama.cpp-q8_0:prompt"))
+    assert list(gen.beside_their_format(calls)) == [
+        "ours-fp32", "ours-fp32:prefill", "llama.cpp-f32", "llama.cpp-f32:prompt",
+        "ours-int8", "ours-int8-kvfp32", "ours-int8:prefill", "llama.cpp-q8_0", "llama.cpp-q8_0:prompt", "hf-fp32"]
