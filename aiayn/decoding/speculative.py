@@ -28,6 +28,8 @@ from aiayn.decoding.adapters import KV_CACHE_SETTINGS, CausalLMDecoder, Seq2SeqD
 from aiayn.decoding.protocol import DecodeState
 from aiayn.decoding.sampling import GenerationConfig, argmax_last, logits_to_probs, next_token, next_token_probs, sample
 from aiayn.inference.gemv import FEW_ROWS
+from aiayn.models.decoder_only import DecoderOnly
+from aiayn.nn.cache import KV_AUTO
 from aiayn.nn.positional import LearnedPositions
 from aiayn.validation import is_int, rule
 
@@ -154,12 +156,14 @@ class PromptLookup:
 
 
 class DraftModel:
-    """Drafts with a smaller model of the same tokenizer, decoded with its own (growing) cache, which
-    is cropped to what the target accepted before each proposal."""
+    """Drafts with a smaller model of the same tokenizer, decoded as the target is (a static cache, the C++ step where it
+    applies, ``kv_dtype="auto"``), its cache cropped to what the target accepted before each proposal (a growing cache
+    would concatenate every layer's keys and values at each draft step)."""
 
     def __init__(self, model: nn.Module) -> None:
         _check_croppable(model, "draft model")
-        self.decoder = as_decoder(model)
+        self.decoder = (CausalLMDecoder(model, static_cache=True, kv_dtype=KV_AUTO) if isinstance(model, DecoderOnly)
+                        else as_decoder(model, static_cache=True))
         self.model = model
 
     def start(self, ids: Tensor, mask: Tensor | None, max_new_tokens: int | None) -> object:

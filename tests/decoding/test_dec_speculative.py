@@ -51,6 +51,10 @@ def test_draft_model_greedy_is_plain_greedy():
     itself = SpeculativeDecoder(model, mode="draft", draft_tokens=3, draft_model=model)
     same_as_plain(itself, model, ids)
     assert itself.accepted == itself.drafted  # the target drafting for itself is always right
+    draft = itself.drafter.decoder  # decoded as the target is: a static cache, not one grown by a concatenation a step
+    assert isinstance(draft, CausalLMDecoder) and draft.static_cache
+    state = draft.start(ids, None, max_new_tokens=GREEDY.max_new_tokens)[0]
+    assert all(type(c) is StaticLayerCache for c in state.cache.self_attn)
 
 
 def test_penalties_see_the_emitted_history_not_the_drafts():
@@ -64,7 +68,9 @@ def test_encoder_decoder_greedy_is_plain_greedy():
     model, src = enc_dec(), torch.tensor(random_rows([9], seed=2))
     for static in (False, True):
         same_as_plain(SpeculativeDecoder(Seq2SeqDecoder(model, static_cache=static), ngram=2), model, src)
-    same_as_plain(SpeculativeDecoder(model, mode="draft", draft_model=enc_dec(n_decoder_layers=1)), model, src)
+    drafted = SpeculativeDecoder(model, mode="draft", draft_model=enc_dec(n_decoder_layers=1))
+    same_as_plain(drafted, model, src)
+    assert isinstance(drafted.drafter.decoder, Seq2SeqDecoder) and drafted.drafter.decoder.static_cache
 
 
 def test_acceptance_rule_keeps_the_target_distribution():
