@@ -12,8 +12,9 @@ two must agree (checked). Each training step is timed the same way on both sides
 (float32 cross-entropy over every position) on the model's logits and ``torch.optim.AdamW`` with the
 same settings (foreach/fused left to torch).
 
-Rounds interleave the two models (ours then peer, peer then ours, ...) and the median of the
-rounds is reported. Model FLOPs per token are ``6 N + 12 L d T`` (PaLM appendix B, nanoGPT's
+Rounds interleave the two models (ours then peer, peer then ours, ...); each side's median tokens/s
+is reported, and ours/peer is the median of the rounds' own ratios (a round's two sides run back to
+back, so a change of the host's speed between rounds moves both). Model FLOPs per token are ``6 N + 12 L d T`` (PaLM appendix B, nanoGPT's
 ``estimate_mfu``): ``N`` parameters without the position table (the tied embedding counted once,
 as the output projection's matmul), ``L`` layers, ``d`` d_model, ``T`` sequence length. Utilisation
 is model FLOP/s over a peak measured here: the best of several large square matmuls in fp32 and bf16, by each of
@@ -102,6 +103,12 @@ class Row:
 
     @property
     def ratio(self) -> float:
+        """Ours over the peer: the median of each round's ratio (the two sides of a round ran back to back, so a change
+        of the host's speed between rounds moves both), which the table and the targets read."""
+        return statistics.median(o / p for o, p in zip(self.ours_rates, self.peer_rates))
+
+    @property
+    def ratio_of_medians(self) -> float:
         return self.ours_tokens_per_s / self.peer_tokens_per_s
 
 
@@ -420,8 +427,10 @@ def _run(args: argparse.Namespace) -> list[Row]:
                 loss=args.loss,
             )
             rows.append(row)
+            paired = [o / p for o, p in zip(row.ours_rates, row.peer_rates)]
             print(f"  {dtype_name}: ours {row.ours_tokens_per_s:,.0f} tok/s, peer {row.peer_tokens_per_s:,.0f} tok/s, "
-                  f"ours/peer {row.ratio:.2f} (median of {row.rounds} rounds of {row.steps_per_round} steps; rounds ranged "
+                  f"ours/peer {row.ratio:.2f} (the median of {row.rounds} rounds' ratios, {row.steps_per_round} steps a round: "
+                  f"{min(paired):.2f}..{max(paired):.2f}; the ratio of the medians {row.ratio_of_medians:.2f}; rounds ranged "
                   f"{min(row.ours_rates):,.0f}..{max(row.ours_rates):,.0f} and {min(row.peer_rates):,.0f}..{max(row.peer_rates):,.0f})",
                   flush=True)
             if args.profile:

@@ -1,6 +1,7 @@
 """benchmarks/train_throughput.py --quick: both models train on a tiny shape and the table is printed."""
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ def test_quick_mode_times_both_models_in_both_dtypes(capsys: pytest.CaptureFixtu
     for r in rows:
         assert r.ours_tokens_per_s > 0 and r.peer_tokens_per_s > 0 and math.isfinite(r.ratio)
         assert r.rounds == 2 and r.steps_per_round == 1
+        assert r.ratio == pytest.approx(statistics.median(o / p for o, p in zip(r.ours_rates, r.peer_rates)))  # paired rounds
     out = capsys.readouterr().out
     assert "| tiny | fp32 |" in out and "| tiny | bf16 |" in out
     assert "same-weights loss" in out and "6 N + 12 L d T" in out
