@@ -6,7 +6,9 @@
 // Inductor's compiled step spends 2. Here the loop over layers and the operators' calls are C++: each layer calls the
 // kernels the model's own layers chose at load (our matrix-vector product, oneDNN's packed weight, MKL through
 // at::linear, torch's int4 kernel), the one-query attention chosen at load, and torch's norms, in the order
-// TransformerLayer.forward calls them, so the logits are those of the eager step.
+// TransformerLayer.forward calls them, so the logits are those of the eager step. Where a call takes our matrix-vector
+// product, the residual connection after it and GPT-2's GELU after the feed-forward's first product ride in its
+// epilogue (gemv.cpp: gemv_add_, gemv_gelu_tanh), with the bits of the operators they replace.
 //
 // The plan is read once from flat lists (tensors, integers, floats) that the Python side writes in the same order as
 // Reader reads them below. Weights are held by reference: in-place changes to them are seen; the derived tensors
@@ -124,6 +126,18 @@ using GeluFn = at::Tensor(const at::Tensor&);
 
 const c10::TypedOperatorHandle<GemvFn>& gemv_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aiayn_native::gemv", "").typed<GemvFn>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<GemvFn>& gemv_gelu_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aiayn_native::gemv_gelu_tanh", "").typed<GemvFn>();
+  return op;
+}
+
+using GemvAddFn = at::Tensor&(at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                              const std::optional<at::Tensor>&, int64_t);
+const c10::TypedOperatorHandle<GemvAddFn>& gemv_add_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aiayn_native::gemv_add_", "").typed<GemvAddFn>();
   return op;
 }
 
@@ -282,6 +296,22 @@ at::Tensor linear(const at::Tensor& x, const Linear& l) {
     }
     default:
       TORCH_CHECK(false, "aiayn_native::DecodeStep: unknown Linear kind ", l.kind);
+  }
+}
+
+// Whether linear(in, l) is a call of our matrix-vector product (aiayn_native::gemv), whose epilogues can take the
+// operator after it (gemv.cpp).
+bool takes_ours(const at::Tensor& in, const Linear& l) {
+  return l.kind == kGemv || (l.kind == kFew && in.numel() <= l.few * in.size(-1));
+}
+
+// x += linear(in, l), in place (a residual connection): through our kernel's epilogue where this call takes our kernel
+// (gemv_add_: no operator, allocation or pass of its own, the same bits), else the product and torch's add_.
+void add_linear(at::Tensor& x, const at::Tensor& in, const Linear& l) {
+  if (takes_ours(in, l) && x.is_contiguous()) {
+    gemv_add_op().call(x, in, l.weight, l.scale, l.bias, l.param);
+  } else {
+    x.add_(linear(in, l));
   }
 }
 
@@ -493,10 +523,14 @@ class DecodeStep : public torch::CustomClassHolder {
       const at::Tensor merged = length == 1 && heads.is_contiguous() ? heads.view({batch, 1, q_width})
                                                                       : heads.transpose(1, 2).reshape({batch, length, q_width});
       // Residual connections, added in place after the first (x is then this step's own tensor, not the caller's)
-      x = i == 0 ? x + linear(merged, layer.o) : x.add_(linear(merged, layer.o));
+      if (i == 0) {
+        x = x + linear(merged, layer.o);
+      } else {
+        add_linear(x, merged, layer.o);
+      }
       if (!pre_norm_) x = layer.attention_norm(x);
       // Position-wise feed-forward (section 3.3).
-      x.add_(feed_forward(layer, pre_norm_ ? layer.ffn_norm(x) : x));
+      add_linear(x, hidden_layer(layer, pre_norm_ ? layer.ffn_norm(x) : x), layer.down);
       if (!pre_norm_) x = layer.ffn_norm(x);
     }
     return has_final_norm_ ? final_norm_(x) : x;
@@ -535,8 +569,17 @@ class DecodeStep : public torch::CustomClassHolder {
     return at::matmul(at::softmax(scores, -1, half ? std::optional<at::ScalarType>(at::kFloat) : std::nullopt).to(q.scalar_type()), v);
   }
 
-  at::Tensor feed_forward(const Layer& layer, const at::Tensor& x) const {
-    at::Tensor hidden = linear(x, layer.up);
+  // The feed-forward's hidden layer, its first product through the activation: GPT-2's GELU in our product's epilogue
+  // where the call takes our kernel (gemv_gelu_tanh: the operator's bits, without its call, allocation and pass).
+  static at::Tensor hidden_layer(const Layer& layer, const at::Tensor& x) {
+    if (layer.activation == kGeluTanhNative && takes_ours(x, layer.up)) {
+      return gemv_gelu_op().call(x, layer.up.weight, layer.up.scale, layer.up.bias, layer.up.param);
+    }
+    return activation(layer, linear(x, layer.up));
+  }
+
+  // The activation of the feed-forward's first product `hidden` (its own tensor).
+  static at::Tensor activation(const Layer& layer, at::Tensor hidden) {
     switch (layer.activation) {
       case kRelu: hidden.relu_(); break;  // in place: the product's own tensor
       case kGelu: hidden = at::gelu(hidden); break;
@@ -551,7 +594,7 @@ class DecodeStep : public torch::CustomClassHolder {
       case kRelu2: hidden.relu_().mul_(hidden); break;  // relu(x)^2 as square() computes it (x * x), in place
       default: TORCH_CHECK(false, "aiayn_native::DecodeStep: unknown activation ", layer.activation);
     }
-    return linear(hidden, layer.down);
+    return hidden;
   }
 
   int64_t n_heads_ = 0, n_kv_heads_ = 0, head_dim_ = 0;

@@ -14,6 +14,7 @@
 // other kernels (aiayn/inference/kernel_choice.py); 0 for none.
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -21,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gelu_tanh.h"
 #include "gemv_int4.h"
 #include "simd.h"
 
@@ -49,15 +51,36 @@ inline void row_dots(const at::BFloat16* w, const at::BFloat16* x, int64_t n, in
 }
 #endif
 
-// y (m_rows, out) = x (m_rows, in) W^T, each output feature's weight row read from memory once for all the inputs.
+// What a call does with its outputs as it writes them: nothing more (gemv), add them into y (gemv_add_: a residual
+// connection), or pass them through GPT-2's GELU (gemv_gelu_tanh: a feed-forward's hidden layer).
+enum class Epilogue { kNone, kAdd, kGeluTanh };
+
+// One output: the product's value rounded to y's dtype (bf16: to nearest even), or, adding, that rounded value added to
+// what y holds, as `y.add_(product)` adds it (in fp32, then rounded).
+template <typename Y>
+inline void put(Y* y, float value, Epilogue epilogue) {
+  const Y v = static_cast<Y>(value);
+  *y = epilogue == Epilogue::kAdd ? static_cast<Y>(static_cast<float>(*y) + static_cast<float>(v)) : v;
+}
+
+// The outputs [begin, end) of each of m rows, written: through GELU where the epilogue asks (after rounding, as the
+// operator reads them; gelu_tanh.h gives each element the operator's bits whatever the span).
+template <typename Y>
+inline void finish_block(Y* y, int64_t m_rows, int64_t out, int64_t begin, int64_t end, Epilogue epilogue) {
+  if (epilogue != Epilogue::kGeluTanh) return;
+  for (int64_t m = 0; m < m_rows; ++m) aiayn_gelu::gelu_tanh_span<Y>(y + m * out + begin, nullptr, y + m * out + begin, end - begin);
+}
+
+// y (m_rows, out) = x (m_rows, in) W^T (or y += it), each output feature's weight row read from memory once for all the
+// inputs.
 template <typename W, typename X, typename B, typename Y>
 void rows(const W* w, const X* x, int64_t m_rows, const float* scale, const B* bias, Y* y, int64_t out, int64_t in,
-          int64_t ahead) {
+          int64_t ahead, Epilogue epilogue) {
   // At least 32 Ki multiply-adds a block: a small layer runs on one thread rather than pay for waking the others.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in * m_rows, 1));
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
-    auto write = [&](int64_t m, int64_t o, float d) {  // bf16: rounded to nearest even
-      y[m * out + o] = static_cast<Y>((scale ? scale[o] * d : d) + (bias ? static_cast<float>(bias[o]) : 0.f));
+    auto write = [&](int64_t m, int64_t o, float d) {
+      put(y + m * out + o, (scale ? scale[o] * d : d) + (bias ? static_cast<float>(bias[o]) : 0.f), epilogue);
     };
     int64_t o = begin;
     if (m_rows > 1) {  // a few inputs (a small batch, speculative checks): each row once for a group of them
@@ -77,6 +100,7 @@ void rows(const W* w, const X* x, int64_t m_rows, const float* scale, const B* b
           for (int64_t i = 0; i < g; ++i) write(m0 + i, o, d[i]);
         }
       }
+      finish_block(y, m_rows, out, begin, end, epilogue);
       return;
     }
     if constexpr (std::is_same_v<W, float>) {
@@ -93,6 +117,7 @@ void rows(const W* w, const X* x, int64_t m_rows, const float* scale, const B* b
       row_dots<1>(w + o * in, x, in, ahead, &d);
       write(0, o, d);
     }
+    finish_block(y, 1, out, begin, end, epilogue);
   });
 }
 
@@ -100,7 +125,7 @@ void rows(const W* w, const X* x, int64_t m_rows, const float* scale, const B* b
 // prepared once, then each thread's block of rows computed in fp32 and written with the bias.
 template <typename B, typename Y>
 void int4_rows(const uint8_t* codes, const at::BFloat16* scale_least, const float* x, int64_t m_rows, const B* bias, Y* y,
-               int64_t out, int64_t in, int64_t group, int64_t ahead) {
+               int64_t out, int64_t in, int64_t group, int64_t ahead, Epilogue epilogue) {
   const aiayn_int4::Inputs prepared = aiayn_int4::prepare(x, m_rows, in, group);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(in * m_rows, 1));
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
@@ -108,9 +133,10 @@ void int4_rows(const uint8_t* codes, const at::BFloat16* scale_least, const floa
     aiayn_int4::rows(codes, scale_least, prepared, begin, end, ahead, d.data());
     for (int64_t o = begin; o < end; ++o) {
       for (int64_t m = 0; m < m_rows; ++m) {
-        y[m * out + o] = static_cast<Y>(d[(o - begin) * m_rows + m] + (bias ? static_cast<float>(bias[o]) : 0.f));
+        put(y + m * out + o, d[(o - begin) * m_rows + m] + (bias ? static_cast<float>(bias[o]) : 0.f), epilogue);
       }
     }
+    finish_block(y, m_rows, out, begin, end, epilogue);
   });
 }
 
@@ -118,7 +144,7 @@ void int4_rows(const uint8_t* codes, const at::BFloat16* scale_least, const floa
 // or bf16 weights with bf16 rows (X); bias none, fp32 or bf16; y fp32 or bf16.
 template <typename X, typename Y>
 void typed(const at::Tensor& weight, const X* x, int64_t m_rows, const float* scale, const at::Tensor& scale_least,
-           const at::Tensor& bias, Y* y, int64_t out, int64_t in, int64_t ahead) {
+           const at::Tensor& bias, Y* y, int64_t out, int64_t in, int64_t ahead, Epilogue epilogue) {
   auto with_bias = [&](auto run) {
     if (!bias.defined()) {
       run(static_cast<const float*>(nullptr));
@@ -129,14 +155,15 @@ void typed(const at::Tensor& weight, const X* x, int64_t m_rows, const float* sc
     }
   };
   if constexpr (std::is_same_v<X, at::BFloat16>) {  // bf16 rows as they are: bf16 weights only
-    with_bias([&](const auto* b) { rows(weight.const_data_ptr<at::BFloat16>(), x, m_rows, scale, b, y, out, in, ahead); });
+    with_bias([&](const auto* b) { rows(weight.const_data_ptr<at::BFloat16>(), x, m_rows, scale, b, y, out, in, ahead, epilogue); });
   } else if (weight.scalar_type() == at::kByte) {
     const int64_t group = in / scale_least.size(-1);
     with_bias([&](const auto* b) {
-      int4_rows(weight.const_data_ptr<uint8_t>(), scale_least.const_data_ptr<at::BFloat16>(), x, m_rows, b, y, out, in, group, ahead);
+      int4_rows(weight.const_data_ptr<uint8_t>(), scale_least.const_data_ptr<at::BFloat16>(), x, m_rows, b, y, out, in, group, ahead,
+                epilogue);
     });
   } else {
-    auto dense = [&](const auto* w) { with_bias([&](const auto* b) { rows(w, x, m_rows, scale, b, y, out, in, ahead); }); };
+    auto dense = [&](const auto* w) { with_bias([&](const auto* b) { rows(w, x, m_rows, scale, b, y, out, in, ahead, epilogue); }); };
     if (weight.scalar_type() == at::kFloat) {
       dense(weight.const_data_ptr<float>());
     } else if (weight.scalar_type() == at::kBFloat16) {
@@ -161,8 +188,9 @@ at::Tensor float_or_bf16(const at::Tensor& t) {
 // One allocation (y) and no other torch operator a call: a bf16 x is widened here (with bf16 weights on a CPU with
 // AVX512-BF16, read as it is), and y written in its dtype (through torch's conversions, three more operators a call took
 // 0.48 ms of a 4.9 ms bf16 GPT-2 token).
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
-                const std::optional<at::Tensor>& bias, int64_t prefetch) {
+// gemv() into y (a new tensor), through the epilogue; kAdd adds into `residual` in place.
+at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
+                   const std::optional<at::Tensor>& bias, int64_t prefetch, Epilogue epilogue, at::Tensor* residual = nullptr) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "aiayn_native::gemv: CPU tensors only");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "aiayn_native::gemv: x must be float32 or bfloat16, got ",
               x.scalar_type());
@@ -200,12 +228,22 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
   const at::Tensor row = x.contiguous();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());  // x's shape, its last dimension `out`: no view after
   shape.back() = out;  // (one row of shape (in,) or (1, ..., in): the same shape with `out` last)
-  at::Tensor y = at::empty(shape, x.options());
+  const bool accumulate = epilogue == Epilogue::kAdd;
+  TORCH_CHECK(accumulate == (residual != nullptr), "aiayn_native::gemv: a residual goes with the adding epilogue");
+  if (accumulate) {
+    const at::MemOverlapStatus overlap = at::get_overlap_status(*residual, x);  // outputs are written while x is read
+    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+                "aiayn_native::gemv_add_: the residual and x share memory; give x in a tensor of its own");
+    TORCH_CHECK(residual->sizes() == at::IntArrayRef(shape) && residual->scalar_type() == x.scalar_type() && residual->is_contiguous(),
+                "aiayn_native::gemv_add_: the residual must be contiguous, of x's dtype (", x.scalar_type(), ") and the product's ",
+                "shape ", at::IntArrayRef(shape), ", got ", residual->scalar_type(), " ", residual->sizes());
+  }
+  at::Tensor y = accumulate ? *residual : at::empty(shape, x.options());
   if (m_rows == 0) return y;  // no rows: nothing to write
 #if defined(__AVX512BF16__)
   if (wtype == at::kBFloat16 && row.scalar_type() == at::kBFloat16 && in % 32 == 0) {  // bf16 by bf16: products of pairs
     typed(weight, row.const_data_ptr<at::BFloat16>(), m_rows, nullptr, scale_least, b, y.mutable_data_ptr<at::BFloat16>(), out, in,
-          prefetch);
+          prefetch, epilogue);
     return y;
   }
 #endif
@@ -220,19 +258,44 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
   }
   const float* sp = scaled && !int4 ? s.const_data_ptr<float>() : nullptr;
   if (x.scalar_type() == at::kFloat) {
-    typed(weight, xp, m_rows, sp, scale_least, b, y.mutable_data_ptr<float>(), out, in, prefetch);
+    typed(weight, xp, m_rows, sp, scale_least, b, y.mutable_data_ptr<float>(), out, in, prefetch, epilogue);
   } else {
-    typed(weight, xp, m_rows, sp, scale_least, b, y.mutable_data_ptr<at::BFloat16>(), out, in, prefetch);
+    typed(weight, xp, m_rows, sp, scale_least, b, y.mutable_data_ptr<at::BFloat16>(), out, in, prefetch, epilogue);
   }
   return y;
+}
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
+                const std::optional<at::Tensor>& bias, int64_t prefetch) {
+  return product(x, weight, scale, bias, prefetch, Epilogue::kNone);
+}
+
+// gelu_tanh(gemv(x, ...)), each output through GPT-2's GELU as its thread writes it: a feed-forward's hidden layer with
+// no operator, allocation or pass of its own (the C++ decoding step), the bits of aiayn_native::gelu_tanh after gemv.
+at::Tensor gemv_gelu_tanh(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
+                          const std::optional<at::Tensor>& bias, int64_t prefetch) {
+  return product(x, weight, scale, bias, prefetch, Epilogue::kGeluTanh);
+}
+
+// residual += gemv(x, ...), in place, each output added as it is written: a residual connection (section 3.1) with no
+// operator, allocation or pass over the stream of its own (the C++ decoding step's attention output and feed-forward
+// projections). The sum is the bits of `residual.add_(gemv(x, ...))`.
+at::Tensor& gemv_add_(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
+                      const std::optional<at::Tensor>& bias, int64_t prefetch) {
+  product(x, weight, scale, bias, prefetch, Epilogue::kAdd, &residual);
+  return residual;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(aiayn_native, m) {
   m.def("gemv(Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch=0) -> Tensor");
+  m.def("gemv_add_(Tensor(a!) residual, Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch=0) -> Tensor(a!)");
+  m.def("gemv_gelu_tanh(Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(aiayn_native, CPU, m) {
   m.impl("gemv", &gemv);
+  m.impl("gemv_add_", &gemv_add_);
+  m.impl("gemv_gelu_tanh", &gemv_gelu_tanh);
 }

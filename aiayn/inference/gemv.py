@@ -61,7 +61,7 @@ SOURCES = (SOURCE, SOURCE.with_name("gemv_int4.cpp"), SOURCE.with_name("attend_o
            SOURCE.with_name("attention_train.cpp"), SOURCE.with_name("attention_tiles.cpp"), SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("transpose.cpp"),
            SOURCE.with_name("adamw.cpp"), SOURCE.with_name("argmax.cpp"), SOURCE.with_name("norm.cpp"),
            SOURCE.with_name("dropout.cpp"))
-HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("gemv_int4.h"), SOURCE.with_name("attention_tiles.h"))
+HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("gemv_int4.h"), SOURCE.with_name("attention_tiles.h"), SOURCE.with_name("gelu_tanh.h"))
 BUILD_TIMEOUT_S = 600
 
 

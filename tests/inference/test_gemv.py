@@ -246,3 +246,55 @@ def test_processes_started_together_build_the_library_once(tmp_path):
     reasons = [run.communicate(timeout=120)[0] for run in runs]
     assert count.read_text().splitlines() == ["link"]
     assert all(reason.startswith("loading ") for reason in reasons), reasons
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_epilogues_give_the_bits_of_the_operator_after_the_product(native_gemv, threads):
+    """gemv_add_ (the C++ decoding step's residual connections): residual.add_(gemv(x, ...)) in place, and
+    gemv_gelu_tanh (its feed-forward's hidden layer): gelu_tanh(gemv(x, ...)), bit for bit, for fp32, bf16, int8 and
+    4-bit weights, one row and a few, fp32 and bf16 activations; a residual of another shape or dtype, or one that
+    overlaps x, is refused."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        out, inp = 96, 128
+        w = torch.randn(out, inp)
+        codes = torch.randint(0, 256, (out, inp // 2), dtype=torch.uint8)
+        scale_least = torch.stack([torch.rand(out, inp // 32) / 8, -torch.rand(out, inp // 32)], dim=1).bfloat16()
+        weights = [(w, None), (w.bfloat16(), None), (torch.randint(-127, 128, (out, inp), dtype=torch.int8), torch.rand(out) / 64),
+                   (codes, scale_least)]
+        for weight, scale in weights:
+            for dtype in (torch.float32, torch.bfloat16):
+                for rows in ((1, 1), (1, 5)):
+                    x, residual, bias = torch.randn(*rows, inp, dtype=dtype), torch.randn(*rows, out, dtype=dtype), torch.randn(out)
+                    product = torch.ops.aiayn_native.gemv(x, weight, scale, bias, 0)
+                    got = residual.clone()
+                    assert torch.ops.aiayn_native.gemv_add_(got, x, weight, scale, bias, 0) is got  # in place
+                    assert torch.equal(got, residual.clone().add_(product)), (weight.dtype, dtype, rows)
+                    hidden = torch.ops.aiayn_native.gemv_gelu_tanh(x, weight, scale, bias, 0)  # GELU in the epilogue
+                    assert torch.equal(hidden, torch.ops.aiayn_native.gelu_tanh(product)), (weight.dtype, dtype, rows)
+        x = torch.randn(1, 1, inp)
+        with pytest.raises(RuntimeError, match=r"gemv_add_: the residual must be contiguous, of x's dtype \(Float\) and the product's shape"):
+            torch.ops.aiayn_native.gemv_add_(torch.zeros(1, 1, out + 1), x, w, None, None, 0)
+        with pytest.raises(RuntimeError, match=r"gemv_add_: the residual must be contiguous, of x's dtype"):
+            torch.ops.aiayn_native.gemv_add_(torch.zeros(1, 1, out, dtype=torch.bfloat16), x, w, None, None, 0)
+        square = torch.randn(inp, inp)
+        with pytest.raises(RuntimeError, match="gemv_add_: the residual and x share memory"):
+            torch.ops.aiayn_native.gemv_add_(x, x, square, None, None, 0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_gelu_tanh_gives_each_element_the_same_bits_wherever_a_span_starts(native_gemv):
+    """The epilogue applies GELU to each thread's block of outputs: an element's bits must not depend on where a block
+    starts or ends (the last few of a span take the vector formula too)."""
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(100, dtype=dtype) * 4
+        whole = torch.ops.aiayn_native.gelu_tanh(x)
+        for start, stop in [(0, 7), (3, 20), (5, 100), (17, 33), (99, 100)]:
+            assert torch.equal(torch.ops.aiayn_native.gelu_tanh(x[start:stop].clone()), whole[start:stop]), (dtype, start, stop)
+        grad = torch.randn(100, dtype=dtype)
+        back = torch.ops.aiayn_native.gelu_tanh_backward(grad, x)
+        assert torch.equal(torch.ops.aiayn_native.gelu_tanh_backward(grad[5:30].clone(), x[5:30].clone()), back[5:30])
