@@ -26,8 +26,8 @@ run (``dst.copy_(src)`` of 256 MiB, read + written bytes over time).
 What is left outside the weights: for each of our variants, a share of a decode step's wall time (timed
 without the profiler) that is not spent in the kernels that read the weights (torch.profiler's self time of
 ``aten::addmm``/``mm``, ``aten::baddbmm``/``bmm`` (the split kernel's slices), oneDNN's ``_linear_pointwise``,
-our native matrix-vector product ``aiayn_native::gemv``, ``gemv_add_`` and ``gemv_gelu_tanh`` (the same product added
-into the residual stream, or put through GPT-2's GELU, as it is written: those two operators' work is counted inside),
+our native matrix-vector product ``aiayn_native::gemv``, ``gemv_add_`` and ``gemv_activation`` (the same product added
+into the residual stream, or put through the feed-forward's activation, as it is written: that work is counted inside),
 the int8 and int4 kernels: :data:`WEIGHT_KERNELS`; one row a token, so each is a weight read).
 The rest is attention, norms, activations, casts, the cache writes, the argmax, the dispatch of every op and the Python
 between them.
@@ -336,7 +336,7 @@ def bench_decoder_only(args: argparse.Namespace, shape: Shape, batch: int, threa
 # it is small beside the weights at these lengths (the fused SDPA kernel, taken at longer ones, is not a bmm).
 WEIGHT_KERNELS = frozenset({"aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "mkldnn::_linear_pointwise",
                             "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu", "quantized::linear_dynamic",
-                            "aiayn_native::gemv", "aiayn_native::gemv_add_", "aiayn_native::gemv_gelu_tanh"})
+                            "aiayn_native::gemv", "aiayn_native::gemv_add_", "aiayn_native::gemv_activation"})
 
 
 def outside_the_weights(decoder: CausalLMDecoder, ids: Tensor, steps: int) -> float:

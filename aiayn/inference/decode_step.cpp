@@ -7,8 +7,8 @@
 // kernels the model's own layers chose at load (our matrix-vector product, oneDNN's packed weight, MKL through
 // at::linear, torch's int4 kernel), the one-query attention chosen at load, and torch's norms, in the order
 // TransformerLayer.forward calls them, so the logits are those of the eager step. Where a call takes our matrix-vector
-// product, the residual connection after it and GPT-2's GELU after the feed-forward's first product ride in its
-// epilogue (gemv.cpp: gemv_add_, gemv_gelu_tanh), with the bits of the operators they replace.
+// product, the residual connection after it and the activation after the feed-forward's first product ride in its
+// epilogue (gemv.cpp: gemv_add_, gemv_activation), with the bits of the operators they replace.
 //
 // The plan is read once from flat lists (tensors, integers, floats) that the Python side writes in the same order as
 // Reader reads them below. Weights are held by reference: in-place changes to them are seen; the derived tensors
@@ -129,8 +129,10 @@ const c10::TypedOperatorHandle<GemvFn>& gemv_op() {
   return op;
 }
 
-const c10::TypedOperatorHandle<GemvFn>& gemv_gelu_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aiayn_native::gemv_gelu_tanh", "").typed<GemvFn>();
+using GemvActivationFn = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                    const std::optional<at::Tensor>&, int64_t, c10::string_view);
+const c10::TypedOperatorHandle<GemvActivationFn>& gemv_activation_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aiayn_native::gemv_activation", "").typed<GemvActivationFn>();
   return op;
 }
 
@@ -569,11 +571,16 @@ class DecodeStep : public torch::CustomClassHolder {
     return at::matmul(at::softmax(scores, -1, half ? std::optional<at::ScalarType>(at::kFloat) : std::nullopt).to(q.scalar_type()), v);
   }
 
-  // The feed-forward's hidden layer, its first product through the activation: GPT-2's GELU in our product's epilogue
-  // where the call takes our kernel (gemv_gelu_tanh: the operator's bits, without its call, allocation and pass).
+  // The feed-forward's hidden layer, its first product through the activation: in our product's epilogue where the call
+  // takes our kernel and the activation is one it applies (gemv_activation: the operator's bits, without its call,
+  // allocation and pass): GPT-2's GELU by our kernel, ReLU (the paper's), ReLU squared.
   static at::Tensor hidden_layer(const Layer& layer, const at::Tensor& x) {
-    if (layer.activation == kGeluTanhNative && takes_ours(x, layer.up)) {
-      return gemv_gelu_op().call(x, layer.up.weight, layer.up.scale, layer.up.bias, layer.up.param);
+    const char* in_epilogue = layer.activation == kGeluTanhNative ? "gelu_tanh"
+                              : layer.activation == kRelu         ? "relu"
+                              : layer.activation == kRelu2        ? "relu2"
+                                                                  : nullptr;
+    if (in_epilogue != nullptr && takes_ours(x, layer.up)) {
+      return gemv_activation_op().call(x, layer.up.weight, layer.up.scale, layer.up.bias, layer.up.param, in_epilogue);
     }
     return activation(layer, linear(x, layer.up));
   }

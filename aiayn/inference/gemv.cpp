@@ -52,8 +52,8 @@ inline void row_dots(const at::BFloat16* w, const at::BFloat16* x, int64_t n, in
 #endif
 
 // What a call does with its outputs as it writes them: nothing more (gemv), add them into y (gemv_add_: a residual
-// connection), or pass them through GPT-2's GELU (gemv_gelu_tanh: a feed-forward's hidden layer).
-enum class Epilogue { kNone, kAdd, kGeluTanh };
+// connection), or pass them through an activation (gemv_activation: a feed-forward's hidden layer).
+enum class Epilogue { kNone, kAdd, kGeluTanh, kRelu, kRelu2 };
 
 // One output: the product's value rounded to y's dtype (bf16: to nearest even), or, adding, that rounded value added to
 // what y holds, as `y.add_(product)` adds it (in fp32, then rounded).
@@ -63,12 +63,24 @@ inline void put(Y* y, float value, Epilogue epilogue) {
   *y = epilogue == Epilogue::kAdd ? static_cast<Y>(static_cast<float>(*y) + static_cast<float>(v)) : v;
 }
 
-// The outputs [begin, end) of each of m rows, written: through GELU where the epilogue asks (after rounding, as the
-// operator reads them; gelu_tanh.h gives each element the operator's bits whatever the span).
+// The outputs [begin, end) of each of m rows, written: through the epilogue's activation, after rounding, as the
+// operator after the product reads them, with its bits: GPT-2's GELU by gelu_tanh.h (the operator's code, the same bits
+// whatever the span), ReLU as `relu_` (NaN kept), ReLU squared as `relu_().mul_()` (the square of the rounded ReLU,
+// rounded).
 template <typename Y>
 inline void finish_block(Y* y, int64_t m_rows, int64_t out, int64_t begin, int64_t end, Epilogue epilogue) {
-  if (epilogue != Epilogue::kGeluTanh) return;
-  for (int64_t m = 0; m < m_rows; ++m) aiayn_gelu::gelu_tanh_span<Y>(y + m * out + begin, nullptr, y + m * out + begin, end - begin);
+  if (epilogue == Epilogue::kNone || epilogue == Epilogue::kAdd) return;
+  for (int64_t m = 0; m < m_rows; ++m) {
+    Y* row = y + m * out + begin;
+    if (epilogue == Epilogue::kGeluTanh) {
+      aiayn_gelu::gelu_tanh_span<Y>(row, nullptr, row, end - begin);
+      continue;
+    }
+    for (int64_t i = 0; i < end - begin; ++i) {
+      const float v = static_cast<float>(row[i]), r = v < 0.f ? 0.f : v;
+      row[i] = static_cast<Y>(epilogue == Epilogue::kRelu ? r : r * r);
+    }
+  }
 }
 
 // y (m_rows, out) = x (m_rows, in) W^T (or y += it), each output feature's weight row read from memory once for all the
@@ -270,11 +282,18 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight, const std::option
   return product(x, weight, scale, bias, prefetch, Epilogue::kNone);
 }
 
-// gelu_tanh(gemv(x, ...)), each output through GPT-2's GELU as its thread writes it: a feed-forward's hidden layer with
-// no operator, allocation or pass of its own (the C++ decoding step), the bits of aiayn_native::gelu_tanh after gemv.
-at::Tensor gemv_gelu_tanh(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
-                          const std::optional<at::Tensor>& bias, int64_t prefetch) {
-  return product(x, weight, scale, bias, prefetch, Epilogue::kGeluTanh);
+// activation(gemv(x, ...)), each output through the activation as its thread writes it: a feed-forward's hidden layer
+// with no operator, allocation or pass of its own (the C++ decoding step), the bits of the operator after gemv:
+// "gelu_tanh" (aiayn_native::gelu_tanh), "relu" (relu_), "relu2" (relu_().mul_() of itself: ReLU squared).
+at::Tensor gemv_activation(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
+                           const std::optional<at::Tensor>& bias, int64_t prefetch, c10::string_view activation) {
+  const Epilogue epilogue = activation == "gelu_tanh" ? Epilogue::kGeluTanh
+                            : activation == "relu"    ? Epilogue::kRelu
+                            : activation == "relu2"   ? Epilogue::kRelu2
+                                                      : Epilogue::kNone;
+  TORCH_CHECK(epilogue != Epilogue::kNone, "aiayn_native::gemv_activation: activation must be 'gelu_tanh', 'relu' or 'relu2', got '",
+              activation, "'");
+  return product(x, weight, scale, bias, prefetch, epilogue);
 }
 
 // residual += gemv(x, ...), in place, each output added as it is written: a residual connection (section 3.1) with no
@@ -291,11 +310,11 @@ at::Tensor& gemv_add_(at::Tensor& residual, const at::Tensor& x, const at::Tenso
 TORCH_LIBRARY_FRAGMENT(aiayn_native, m) {
   m.def("gemv(Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch=0) -> Tensor");
   m.def("gemv_add_(Tensor(a!) residual, Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch=0) -> Tensor(a!)");
-  m.def("gemv_gelu_tanh(Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch=0) -> Tensor");
+  m.def("gemv_activation(Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int prefetch, str activation) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(aiayn_native, CPU, m) {
   m.impl("gemv", &gemv);
   m.impl("gemv_add_", &gemv_add_);
-  m.impl("gemv_gelu_tanh", &gemv_gelu_tanh);
+  m.impl("gemv_activation", &gemv_activation);
 }

@@ -69,6 +69,17 @@ def test_gpt2_like_layers_give_the_eager_logits(native_gemv, monkeypatch, dtype,
     _assert_same_logits(model)
 
 
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("activation", ["relu", "relu2"])
+def test_activations_in_our_products_epilogue_give_the_eager_logits(native_gemv, monkeypatch, dtype, activation):
+    """ReLU (the paper's) and ReLU squared (the speedrun's) applied as our kernel writes the feed-forward's first product
+    (gemv_activation), and the residual adds in its epilogue (gemv_add_): the eager logits bit for bit."""
+    model = _loaded(dtype, activation=activation, positions="rotary")
+    _kernels(model, "native")
+    monkeypatch.setitem(attention.ONE_QUERY, (model.embed.weight.dtype, 4, 8), "native")
+    _assert_same_logits(model)
+
+
 @pytest.mark.parametrize(("overrides", "backend"), [
     ({"norm_position": "post", "positions": "sinusoidal", "activation": "relu"}, "sdpa"),  # the paper's layer
     ({"norm": "rmsnorm", "activation": "swiglu", "n_kv_heads": 2, "positions": "rotary", "bias": False}, "math"),  # Llama-like

@@ -251,9 +251,9 @@ def test_processes_started_together_build_the_library_once(tmp_path):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_epilogues_give_the_bits_of_the_operator_after_the_product(native_gemv, threads):
     """gemv_add_ (the C++ decoding step's residual connections): residual.add_(gemv(x, ...)) in place, and
-    gemv_gelu_tanh (its feed-forward's hidden layer): gelu_tanh(gemv(x, ...)), bit for bit, for fp32, bf16, int8 and
-    4-bit weights, one row and a few, fp32 and bf16 activations; a residual of another shape or dtype, or one that
-    overlaps x, is refused."""
+    gemv_activation (its feed-forward's hidden layer): gelu_tanh(gemv(x, ...)), relu_ and relu_().mul_() of itself, bit
+    for bit, for fp32, bf16, int8 and 4-bit weights, one row and a few, fp32 and bf16 activations; a residual of another
+    shape or dtype, one that overlaps x, and an unknown activation are refused."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -272,13 +272,18 @@ def test_the_epilogues_give_the_bits_of_the_operator_after_the_product(native_ge
                     got = residual.clone()
                     assert torch.ops.aiayn_native.gemv_add_(got, x, weight, scale, bias, 0) is got  # in place
                     assert torch.equal(got, residual.clone().add_(product)), (weight.dtype, dtype, rows)
-                    hidden = torch.ops.aiayn_native.gemv_gelu_tanh(x, weight, scale, bias, 0)  # GELU in the epilogue
-                    assert torch.equal(hidden, torch.ops.aiayn_native.gelu_tanh(product)), (weight.dtype, dtype, rows)
+                    relu = product.clone().relu_()
+                    for name, want in [("gelu_tanh", torch.ops.aiayn_native.gelu_tanh(product)), ("relu", relu),
+                                       ("relu2", relu.clone().mul_(relu))]:  # as the eager feed-forward computes each
+                        hidden = torch.ops.aiayn_native.gemv_activation(x, weight, scale, bias, 0, name)  # in the epilogue
+                        assert torch.equal(hidden, want), (name, weight.dtype, dtype, rows)
         x = torch.randn(1, 1, inp)
         with pytest.raises(RuntimeError, match=r"gemv_add_: the residual must be contiguous, of x's dtype \(Float\) and the product's shape"):
             torch.ops.aiayn_native.gemv_add_(torch.zeros(1, 1, out + 1), x, w, None, None, 0)
         with pytest.raises(RuntimeError, match=r"gemv_add_: the residual must be contiguous, of x's dtype"):
             torch.ops.aiayn_native.gemv_add_(torch.zeros(1, 1, out, dtype=torch.bfloat16), x, w, None, None, 0)
+        with pytest.raises(RuntimeError, match="gemv_activation: activation must be 'gelu_tanh', 'relu' or 'relu2', got 'silu'"):
+            torch.ops.aiayn_native.gemv_activation(x, w, None, None, 0, "silu")
         square = torch.randn(inp, inp)
         with pytest.raises(RuntimeError, match="gemv_add_: the residual and x share memory"):
             torch.ops.aiayn_native.gemv_add_(x, x, square, None, None, 0)
