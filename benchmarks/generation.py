@@ -599,21 +599,22 @@ def default_table(rows: Sequence[Row]) -> str:
 def format_rows(rows: Sequence[Row], new_tokens: int) -> str:
     by_key = {(r.batch, r.threads, r.variant): r for r in rows}
     lines = [
-        "| batch | threads | variant | tok/s (median) | vs hf-fp32 | vs hf, same dtype | target | leading tokens = hf-fp32 | bandwidth bound tok/s "
+        "| batch | threads | variant | tok/s (median) | vs hf-fp32 (rounds' median) | vs hf, same dtype | target | leading tokens = hf-fp32 | bandwidth bound tok/s "
         "| outside the weights, % of a token |",
         "| ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for r in (r for r in rows if not r.variant.endswith(PROMPT)):  # llama.cpp's prompt rates: prompt_table's
         base = by_key.get((r.batch, r.threads, "hf-fp32"))
         same_peer = by_key.get((r.batch, r.threads, "hf-bf16" if "bf16" in r.variant else "hf-fp32"))
-        vs = f"{r.tokens_per_s / base.tokens_per_s:.2f}" if base else "-"
-        vs_same = f"{r.tokens_per_s / same_peer.tokens_per_s:.2f}" if same_peer and r.variant.startswith("ours") else "-"
+        vs = f"{statistics.median(round_ratios(r.rates, base.rates)):.2f}" if base else "-"  # each round's own ratio
+        vs_same = (f"{statistics.median(round_ratios(r.rates, same_peer.rates)):.2f}"
+                   if same_peer and r.variant.startswith("ours") else "-")
         target = "-"
         if (r.variant, r.batch) in TARGETS:
             peer_name, want = TARGETS[(r.variant, r.batch)]
             peer = by_key.get((r.batch, r.threads, peer_name))
             if peer:
-                got = r.tokens_per_s / peer.tokens_per_s
+                got = statistics.median(round_ratios(r.rates, peer.rates))
                 target = f">= {want} x {peer_name}: " + ("met" if got >= want else f"missed by {want - got:.2f} ({got / want:.0%} of it)")
         bound = f"{r.bound_tokens_per_s:,.1f}" if r.bound_tokens_per_s else "-"
         agree = f"{r.agree}/{new_tokens}" if r.agree >= 0 else "-"

@@ -136,8 +136,8 @@ def report(rows: list[Row], args: argparse.Namespace, prompt_len: int) -> None:
     weights = args.quantize or args.dtype or "float32"
     print(f"# speculative decoding, {cpu_summary()}, {args.threads} threads, {weights} weights, prompt {prompt_len} "
           f"tokens ({args.prompt_repeats}x a text), {args.new_tokens} greedy tokens, K={args.draft_tokens}, ngram={args.ngram}")
-    base = statistics.median(rows[0].seconds)
-    print("| decoder | tok/s (median) | vs plain | same tokens | acceptance | target forwards | ms: prefill | forwards | the rest |")
+    plain = rows[0].seconds  # each run of a row beside plain decoding's of the same round
+    print("| decoder | tok/s (median) | vs plain (rounds' median) | same tokens | acceptance | target forwards | ms: prefill | forwards | the rest |")
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         median = statistics.median(row.seconds)
@@ -146,7 +146,8 @@ def report(rows: list[Row], args: argparse.Namespace, prompt_len: int) -> None:
         forwards = str(args.new_tokens) if row.forwards is None else str(row.forwards)
         prefill, forward = statistics.median(row.prefill_s), statistics.median(row.forward_s)
         rest = statistics.median(total - a - b for total, a, b in zip(row.seconds, row.prefill_s, row.forward_s))
-        print(f"| {row.name} | {len(row.tokens) / median:.1f} | {base / median:.2f}x | {same} | {acceptance} | {forwards} "
+        speedup = statistics.median(p / t for p, t in zip(plain, row.seconds))
+        print(f"| {row.name} | {len(row.tokens) / median:.1f} | {speedup:.2f}x | {same} | {acceptance} | {forwards} "
               f"| {prefill * 1e3:.2f} | {forward * 1e3:.2f} | {rest * 1e3:.2f} |")
     print("ms: each part's median over the runs; prefill: the target decoder's start; forwards: its step (plain) or "
           "extend (a check) calls after it, their own Python included; the rest: choosing each token, drafting and the "
