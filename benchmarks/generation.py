@@ -256,8 +256,8 @@ def interleaved(runners: dict[str, Callable[[], object]], rounds: int) -> dict[s
 
 def beside_their_format(calls: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
     """``calls`` reordered so that each llama.cpp format's runs follow our variants of that format (and their
-    prefills) in a round: the host's memory speed can change within a round of minutes (on a Zen 4 EPYC it moved from
-    31 to 48 GB/s between two rounds, 2026-12-07), and the per-round ratio pairs what ran seconds apart."""
+    prefills) in a round: the host's memory speed can change within a round (about half a minute; on a Zen 4 EPYC it
+    moved from 31 to 48 GB/s between two rounds, 2026-12-07), and the per-round ratio pairs what ran seconds apart."""
     def group(name: str) -> int:
         base = name.split(":")[0]
         for i, (fmt, variants) in enumerate(llama_peer.FORMATS.items()):

@@ -151,7 +151,8 @@ class PromptLookup:
     def propose(
         self, sequence: list[int], count: int, run: object, config: GenerationConfig | None, generator: torch.Generator | None
     ) -> tuple[list[int], list[Tensor | None]]:
-        drafts = run.continuation(sequence, count) if isinstance(run, NgramIndex) else lookup_continuation(sequence, self.ngram, count)
+        assert isinstance(run, NgramIndex), "the run's state is what start() returned"
+        drafts = run.continuation(sequence, count)
         return drafts, [None] * len(drafts)
 
 

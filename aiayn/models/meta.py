@@ -15,7 +15,7 @@ from aiayn.models.presets import model_class
 __all__ = ["meta_state_dict"]
 
 
-class _SkipMetaNormal(TorchFunctionMode):
+class _MetaWithoutDynamo(TorchFunctionMode):
     """Meta tensors without the work that imports torch._dynamo (about a second, paid by every load): ``normal_`` on
     a meta tensor fills nothing, and the small tables a module computes in ``__init__`` (sinusoids, rotary frequencies,
     the SSM's initial values) are built on the CPU, where meta versions of arange, exp and the like run through
@@ -37,6 +37,6 @@ class _SkipMetaNormal(TorchFunctionMode):
 
 def meta_state_dict(config: TransformerConfig) -> dict[str, Tensor]:
     """The ``state_dict`` the model of ``config`` would have, as meta tensors (shapes and dtypes only)."""
-    with torch.device("meta"), _SkipMetaNormal():
+    with torch.device("meta"), _MetaWithoutDynamo():
         state = model_class(config)(config).state_dict()
     return {k: v if v.is_meta else v.to("meta") for k, v in state.items()}  # a parameter made of a table
