@@ -18,10 +18,15 @@ namespace {
 
 using namespace aiayn_simd;
 
-constexpr int64_t kRows = 4;   // queries (or keys) a register block holds
+constexpr int64_t kRows = 8;   // queries (or keys) a register block holds
 constexpr int64_t kCols = 32;  // keys a score block holds: two vectors of 16
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+#if defined(__AVX512F__)
+// The lanes of the 16 elements from j that lie before n.
+inline __mmask16 tail_mask(int64_t j, int64_t n) { return j + 16 <= n ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1); }
+#endif
 
 // One (batch, head)'s rows of a (B, H, T, D) tensor with the last dimension contiguous.
 template <typename T>
@@ -50,32 +55,15 @@ void widen(Head<T> src, int64_t rows, int64_t d, float scale, float* dst) {
   }
 }
 
-// rows x d of a head widened to fp32 and transposed into tiles of kCols rows: tile j holds rows [j kCols, (j + 1) kCols)
-// as d x kCols (so a score block reads one contiguous tile); rows past `rows` zero. dst: round_up(rows, kCols) x d.
-template <typename T>
-void widen_transposed(Head<T> src, int64_t rows, int64_t d, float* dst) {
-  const int64_t padded = round_up(rows, kCols);
-  for (int64_t t = rows; t < padded; ++t) {
-    for (int64_t k = 0; k < d; ++k) dst[(t / kCols) * d * kCols + k * kCols + t % kCols] = 0.f;
-  }
-  int64_t t = 0;
-#if defined(__AVX512F__)
-  const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32(static_cast<int>(kCols)));
-  for (; t < rows; ++t) {  // each row's 16 values to 16 rows of its tile, one scatter
-    const T* s = src.at(t);
-    float* tile = dst + (t / kCols) * d * kCols + t % kCols;
-    for (int64_t k = 0; k < d; k += 16) _mm512_i32scatter_ps(tile + k * kCols, lanes, load16(s + k), 4);
-  }
-#endif
-  for (; t < rows; ++t) {
-    const T* s = src.at(t);
-    for (int64_t k = 0; k < d; ++k) dst[(t / kCols) * d * kCols + k * kCols + t % kCols] = static_cast<float>(s[k]);
-  }
+// The kCols-row tiles of `rows` x d fp32 rows (src; rows past `rows` to round_up(rows, kCols) must be zero) transposed:
+// tile j holds rows [j kCols, (j + 1) kCols) as d x kCols, so that a score block reads one contiguous tile. dst:
+// round_up(rows, kCols) x d.
+void transpose_tiles(const float* src, int64_t rows, int64_t d, float* dst) {
+  for (int64_t t0 = 0; t0 < rows; t0 += kCols) transpose_block(src + t0 * d, kCols, d, d, dst + t0 * d, kCols);
 }
 
 // c[i][j] = scale * sum_k a[i][k] bt[k][j] for rows [i0, i0 + kScoreRows) (a: rows x d) and columns [0, cols) (bt: tiles
-// of widen_transposed, cols a multiple of kCols), c with ld columns.
+// of transpose_tiles, cols a multiple of kCols), c with ld columns.
 constexpr int64_t kScoreRows = 8;
 
 void scores_block(const float* a, const float* bt, int64_t i0, int64_t rows, int64_t d, int64_t ld, int64_t cols, float scale,
@@ -150,18 +138,13 @@ void weighted_chunk(const float* w, int64_t ld, const float* b, int64_t from, in
 #endif
 }
 
-// weighted_chunk over the whole head dimension (a multiple of 16), 64 columns at a time.
+// weighted_chunk over the whole head dimension (a multiple of 16), 32 columns at a time.
 template <bool transposed>
 void weighted_rows(const float* w, int64_t ld, const float* b, int64_t from, int64_t n, int64_t i0, int64_t rows, int64_t d,
                    float* out) {
-  for (int64_t c = 0; c < d; c += 64) {
-    switch (std::min<int64_t>(64, d - c) / 16) {
-      case 1: weighted_chunk<transposed, 1>(w, ld, b, from, n, i0, rows, d, c, out); break;
-      case 2: weighted_chunk<transposed, 2>(w, ld, b, from, n, i0, rows, d, c, out); break;
-      case 3: weighted_chunk<transposed, 3>(w, ld, b, from, n, i0, rows, d, c, out); break;
-      default: weighted_chunk<transposed, 4>(w, ld, b, from, n, i0, rows, d, c, out); break;
-    }
-  }
+  int64_t c = 0;
+  for (; c + 32 <= d; c += 32) weighted_chunk<transposed, 2>(w, ld, b, from, n, i0, rows, d, c, out);
+  if (c < d) weighted_chunk<transposed, 1>(w, ld, b, from, n, i0, rows, d, c, out);
 }
 
 template <typename T>
@@ -194,10 +177,11 @@ void forward_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const int64_t heads = q.size(1), t = q.size(2), s = k.size(2), d = q.size(3), sp = round_up(s, kCols);
   float* lse_p = lse.mutable_data_ptr<float>();
   at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(t * d), vf(s * d), kt(d * sp), scores(t * sp), result(t * d);
+    std::vector<float> qf(t * d), kf(sp * d), vf(s * d), kt(d * sp), scores(t * sp), result(t * d);
     for (int64_t bh = begin; bh < end; ++bh) {
       widen(head_of<T>(q, bh, heads), t, d, 1.f, qf.data());
-      widen_transposed(head_of<T>(k, bh, heads), s, d, kt.data());
+      widen(head_of<T>(k, bh, heads), s, d, 1.f, kf.data());  // rows past s stay zero
+      transpose_tiles(kf.data(), s, d, kt.data());
       widen(head_of<T>(v, bh, heads), s, d, 1.f, vf.data());
       float* p = scores.data();
       for (int64_t i0 = 0; i0 < t; i0 += kScoreRows) {
@@ -209,29 +193,26 @@ void forward_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
         float m = -INFINITY, sum = 0.f;
         int64_t j = 0;
 #if defined(__AVX512F__)
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (; j + 16 <= n; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + j));
+        const __m512 lowest = _mm512_set1_ps(-INFINITY);
+        __m512 mx = lowest, sv = _mm512_setzero_ps();
+        for (; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(lowest, tail_mask(j, n), row + j));
         m = _mm512_reduce_max_ps(mx);
-#endif
-        for (; j < n; ++j) m = std::max(m, row[j]);
-        j = 0;
-#if defined(__AVX512F__)
         const __m512 mv = _mm512_set1_ps(m);
-        __m512 sv = _mm512_setzero_ps();
-        for (; j + 16 <= n; j += 16) {
-          const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv));
+        for (j = 0; j < n; j += 16) {  // past n: zeros
+          const __mmask16 in = tail_mask(j, n);
+          const __m512 e = _mm512_maskz_mov_ps(in, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(in, row + j), mv)));
           _mm512_storeu_ps(row + j, e);
           sv = _mm512_add_ps(sv, e);
         }
         sum = _mm512_reduce_add_ps(sv);
-#endif
-        for (; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
+        const __m512 inv = _mm512_set1_ps(1.f / sum);
+        for (j = 0; j < n; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+#else
+        for (; j < n; ++j) m = std::max(m, row[j]);
+        for (j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - m));
         const float inv = 1.f / sum;
-        j = 0;
-#if defined(__AVX512F__)
-        for (; j + 16 <= n; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), _mm512_set1_ps(inv)));
+        for (j = 0; j < n; ++j) row[j] *= inv;
 #endif
-        for (; j < n; ++j) row[j] *= inv;
         std::fill(row + n, row + sp, 0.f);
         lse_p[bh * t + i] = m + std::log(sum);
       }
@@ -249,18 +230,25 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
   const int64_t heads = q.size(1), t = q.size(2), s = k.size(2), d = q.size(3), sp = round_up(s, kCols);
   const float* lse_p = lse.const_data_ptr<float>();
   at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(t * d), kf(s * d), kt(d * sp), vt(d * sp), dout(t * d), scores(t * sp), ds(t * sp), delta(t),
-        result(std::max(t, s) * d);
+    std::vector<float> qf(t * d), kf(sp * d), vf(sp * d), kt(d * sp), vt(d * sp), dout(t * d), scores(t * sp), ds(t * sp),
+        delta(t), result(std::max(t, s) * d);
     for (int64_t bh = begin; bh < end; ++bh) {
       widen(head_of<T>(q, bh, heads), t, d, 1.f, qf.data());
-      widen(head_of<T>(k, bh, heads), s, d, 1.f, kf.data());
-      widen_transposed(head_of<T>(k, bh, heads), s, d, kt.data());
-      widen_transposed(head_of<T>(v, bh, heads), s, d, vt.data());
+      widen(head_of<T>(k, bh, heads), s, d, 1.f, kf.data());  // rows past s stay zero
+      widen(head_of<T>(v, bh, heads), s, d, 1.f, vf.data());
+      transpose_tiles(kf.data(), s, d, kt.data());
+      transpose_tiles(vf.data(), s, d, vt.data());
       widen(head_of<T>(grad, bh, heads), t, d, 1.f, dout.data());
       const Head<T> o = head_of<T>(out, bh, heads);
       for (int64_t i = 0; i < t; ++i) {  // delta_i = dO_i . O_i
         float acc = 0.f;
-        for (int64_t c = 0; c < d; ++c) acc += dout[i * d + c] * static_cast<float>(o.at(i)[c]);
+        int64_t c = 0;
+#if defined(__AVX512F__)
+        __m512 sum = _mm512_setzero_ps();
+        for (; c < d; c += 16) sum = _mm512_fmadd_ps(_mm512_loadu_ps(dout.data() + i * d + c), load16(o.at(i) + c), sum);
+        acc = _mm512_reduce_add_ps(sum);
+#endif
+        for (; c < d; ++c) acc += dout[i * d + c] * static_cast<float>(o.at(i)[c]);
         delta[i] = acc;
       }
       float* p = scores.data();
@@ -274,19 +262,20 @@ void backward_heads(const at::Tensor& grad, const at::Tensor& q, const at::Tenso
         float* drow = ds.data() + i * sp;
         const int64_t n = keys_of(i, s, causal);
         const float l = lse_p[bh * t + i];
-        int64_t j = 0;
 #if defined(__AVX512F__)
         const __m512 lv = _mm512_set1_ps(l), dv_ = _mm512_set1_ps(delta[i]), sv = _mm512_set1_ps(scale);
-        for (; j + 16 <= n; j += 16) {
-          const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), lv));
+        for (int64_t j = 0; j < n; j += 16) {  // whole vectors, zeros past n
+          const __mmask16 in = tail_mask(j, n);
+          const __m512 e = _mm512_maskz_mov_ps(in, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), lv)));
           _mm512_storeu_ps(row + j, e);
           _mm512_storeu_ps(drow + j, _mm512_mul_ps(_mm512_mul_ps(e, _mm512_sub_ps(_mm512_loadu_ps(drow + j), dv_)), sv));
         }
-#endif
-        for (; j < n; ++j) {
+#else
+        for (int64_t j = 0; j < n; ++j) {
           row[j] = std::exp(row[j] - l);
           drow[j] = scale * row[j] * (drow[j] - delta[i]);
         }
+#endif
         std::fill(row + n, row + sp, 0.f);
         std::fill(drow + n, drow + sp, 0.f);
       }

@@ -400,7 +400,9 @@ def choose_training_attention(dtype: torch.dtype, shape: tuple[int, ...], causal
             best = min(names, key=lambda name: times[name])
             return best, ", ".join(f"{name} {times[name]:.3f}" for name in names) + f" ms (forward and backward) -> {best}"
 
-        name = f"training attention {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}{' causal' if causal else ''} ({'/'.join(names)})"
+        # "8-row blocks": our loops' products 8 rows at a time, their softmax tails masked, since 2026-12-07 (timed again)
+        name = (f"training attention {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}{' causal' if causal else ''} "
+                f"({'/'.join(names)}, 8-row blocks)")
         (choice,) = _cached([name], [key], names, timed, "training attention", TRAINING_ATTENTION_ENV_VAR)
     _TRAINING_CHOSEN[key] = choice
     return choice

@@ -114,7 +114,7 @@ def test_auto_training_takes_ours_where_timed_faster_cached_and_the_override(cho
     assert timed == [((2, 2, 16, 16), "sdpa")] and len(calls) == 2  # timed once, ours taken both times
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
-    key = "training attention 2x2x16x16 float32 causal (sdpa/native/native-tiles)"
+    key = "training attention 2x2x16x16 float32 causal (sdpa/native/native-tiles, 8-row blocks)"
     assert json.loads(choice.read_text())[kernel_choice.machine_key()] == {key: "native"}
     calls.clear()
     scaled_dot_product_attention(q, k, v, causal=True, backend="sdpa")  # a named backend is obeyed
@@ -157,7 +157,7 @@ def test_bf16_choice_times_the_tiles_too_and_obeys_each_override(tiles, choice, 
     out.float().sum().backward()
     (rule, names), = timed  # the rule's kernel at this shape (math or sdpa) and ours
     assert names == ("native", "native-tiles") and calls == [True] and torch.isfinite(q.grad.float()).all()
-    key = f"training attention 2x2x16x16 bfloat16 causal ({rule}/native/native-tiles)"
+    key = f"training attention 2x2x16x16 bfloat16 causal ({rule}/native/native-tiles, 8-row blocks)"
     assert json.loads(choice.read_text())[kernel_choice.machine_key()] == {key: "native-tiles"}
     monkeypatch.setenv(kernel_choice.TRAINING_ATTENTION_ENV_VAR, "native-tiles")
     for dtype in (torch.bfloat16, torch.float32):
