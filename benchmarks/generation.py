@@ -77,6 +77,7 @@ from aiayn.pretrained import prepare_for_inference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/llama_peer.py, however this script is loaded
 import llama_peer  # noqa: E402
+from paired import paired_ratio, round_ratios  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -571,12 +572,6 @@ def llama_table(args: argparse.Namespace, rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def round_ratios(ours: Sequence[float | None], other: Sequence[float]) -> list[float]:
-    """Each round's ``ours / other`` (rounds where ours has no rate left out): runs seconds apart, where the medians of
-    the two sides can come from rounds minutes apart, on either side of a change of the host's memory speed."""
-    return [a / b for a, b in zip(ours, other) if a is not None]
-
-
 def default_table(rows: Sequence[Row]) -> str:
     """The default load (``ours-FORMAT``, as ``aiayn.load`` decodes) against the best of our variants of its format
     timed in the same rounds (the issue's target: at most 5% slower), for each batch and thread count run: the median
@@ -589,7 +584,7 @@ def default_table(rows: Sequence[Row]) -> str:
         same = [r for r in rows if (r.batch, r.threads) == (default.batch, default.threads)
                 and (r.variant in llama_peer.FORMATS[fmt] or r.variant == f"{default.variant}-eager")]
         best = max(same, key=lambda r: r.tokens_per_s)
-        got = statistics.median(round_ratios(default.rates, best.rates))  # the two ran seconds apart in every round
+        got = paired_ratio(default.rates, best.rates)  # the two ran seconds apart in every round
         verdict = "met" if got >= 0.95 else f"missed: {1 - got:.0%} slower"
         lines.append(f"| {default.batch} | {default.threads} | {default.variant} | {default.tokens_per_s:,.2f} | {best.variant} | "
                      f"{best.tokens_per_s:,.2f} | {got:.2f} | {verdict} |")
@@ -606,15 +601,15 @@ def format_rows(rows: Sequence[Row], new_tokens: int) -> str:
     for r in (r for r in rows if not r.variant.endswith(PROMPT)):  # llama.cpp's prompt rates: prompt_table's
         base = by_key.get((r.batch, r.threads, "hf-fp32"))
         same_peer = by_key.get((r.batch, r.threads, "hf-bf16" if "bf16" in r.variant else "hf-fp32"))
-        vs = f"{statistics.median(round_ratios(r.rates, base.rates)):.2f}" if base else "-"  # each round's own ratio
-        vs_same = (f"{statistics.median(round_ratios(r.rates, same_peer.rates)):.2f}"
+        vs = f"{paired_ratio(r.rates, base.rates):.2f}" if base else "-"  # each round's own ratio
+        vs_same = (f"{paired_ratio(r.rates, same_peer.rates):.2f}"
                    if same_peer and r.variant.startswith("ours") else "-")
         target = "-"
         if (r.variant, r.batch) in TARGETS:
             peer_name, want = TARGETS[(r.variant, r.batch)]
             peer = by_key.get((r.batch, r.threads, peer_name))
             if peer:
-                got = statistics.median(round_ratios(r.rates, peer.rates))
+                got = paired_ratio(r.rates, peer.rates)
                 target = f">= {want} x {peer_name}: " + ("met" if got >= want else f"missed by {want - got:.2f} ({got / want:.0%} of it)")
         bound = f"{r.bound_tokens_per_s:,.1f}" if r.bound_tokens_per_s else "-"
         agree = f"{r.agree}/{new_tokens}" if r.agree >= 0 else "-"

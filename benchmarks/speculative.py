@@ -35,6 +35,7 @@ from aiayn.pretrained import prepare_for_inference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/generation.py, however this script is loaded
 import generation as generation_bench  # noqa: E402
+from paired import paired_ratio  # noqa: E402
 
 
 class PerfectDrafts:
@@ -146,7 +147,7 @@ def report(rows: list[Row], args: argparse.Namespace, prompt_len: int) -> None:
         forwards = str(args.new_tokens) if row.forwards is None else str(row.forwards)
         prefill, forward = statistics.median(row.prefill_s), statistics.median(row.forward_s)
         rest = statistics.median(total - a - b for total, a, b in zip(row.seconds, row.prefill_s, row.forward_s))
-        speedup = statistics.median(p / t for p, t in zip(plain, row.seconds))
+        speedup = paired_ratio(plain, row.seconds)  # times: plain's over the row's
         print(f"| {row.name} | {len(row.tokens) / median:.1f} | {speedup:.2f}x | {same} | {acceptance} | {forwards} "
               f"| {prefill * 1e3:.2f} | {forward * 1e3:.2f} | {rest * 1e3:.2f} |")
     print("ms: each part's median over the runs; prefill: the target decoder's start; forwards: its step (plain) or "

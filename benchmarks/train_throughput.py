@@ -44,10 +44,12 @@ import argparse
 import logging
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +65,9 @@ from aiayn.training.config import LoopSection
 from aiayn.training.losses import IGNORE_INDEX, label_smoothed_cross_entropy
 from aiayn.training.master_weights import MasterWeights
 from aiayn.training.precision import MASTER_MIN_PARAMS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/paired.py, however this script is loaded
+from paired import paired_ratio  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,7 @@ class Row:
     def ratio(self) -> float:
         """Ours over the peer: the median of each round's ratio (the two sides of a round ran back to back, so a change
         of the host's speed between rounds moves both), which the table and the targets read."""
-        return statistics.median(o / p for o, p in zip(self.ours_rates, self.peer_rates))
+        return paired_ratio(self.ours_rates, self.peer_rates)
 
     @property
     def ratio_of_medians(self) -> float:
