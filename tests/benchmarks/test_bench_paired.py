@@ -1,7 +1,6 @@
 """benchmarks/paired.py: the one reading of two sides timed in the same rounds (generation, speculative, training)."""
 
 import pytest
-
 from bench_scripts import load_benchmark
 
 paired = load_benchmark("paired")
