@@ -6,8 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-HELP = "average the weights of a run's last N checkpoints (paper: 5 for base models, 20 for big) into a model directory"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a training run directory holding step-NNNNNN checkpoints")

@@ -11,8 +11,6 @@ from typing import Any
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 from aiayn.viz.complexity import default_lengths
 
-HELP = "benchmark attention (math, sdpa) against an LSTM and a convolution as the sequence grows"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="WHAT", required=True)

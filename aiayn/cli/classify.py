@@ -8,8 +8,6 @@ from aiayn.cli.inference import add_checkpoint_arguments, batches, check_at_leas
 from aiayn.decoding.text import classify_texts
 from aiayn.models.encoder_only import EncoderOnly
 
-HELP = "classify texts (arguments, or lines on stdin) with an encoder-only checkpoint; prints LABEL<TAB>PROB<TAB>TEXT"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "write a sharded checkpoint (train.parallel=fsdp) as an ordinary model directory (model.safetensors)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", type=Path, metavar="CHECKPOINT", help="a sharded step-NNNNNN checkpoint, or its run directory")

@@ -7,9 +7,6 @@ import argparse
 from aiayn.interop.convert import convert_from_hf, convert_to_hf
 from aiayn.interop.registry import ARCHITECTURES
 
-HELP = ("convert between a local Hugging Face model directory and an aiayn model directory (GPT-2, GPT-NeoX, BERT, "
-        "RoBERTa-PreLayerNorm, Marian, BART, mBART)")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-hf", metavar="DIR", help="Hugging Face directory to import (config.json + model.safetensors)")

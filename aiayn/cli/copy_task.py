@@ -11,8 +11,6 @@ from aiayn.decoding.greedy import greedy
 from aiayn.tasks.copy import PASS_THRESHOLD, copy_batch, train_copy_task
 from aiayn.tokenization.special import EOS_ID
 
-HELP = "train a tiny encoder-decoder on the copy task (a one-minute end-to-end check)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=1000, help="training steps (default: 1000)")

@@ -6,8 +6,6 @@ import argparse
 
 from aiayn.cli.args import finite_float
 
-HELP = "train a small Multi30k German->English model, print its test BLEU and translations, draw its attention"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="where the data sets are (default: $AIAYN_DATA_DIR, then the user cache)")

@@ -13,8 +13,6 @@ from aiayn.cli.inference import add_checkpoint_arguments, check_at_least, load_m
 from aiayn.inference.embed import POOLINGS, embed_texts, embedding_pooling
 from aiayn.models.encoder_only import EncoderOnly
 
-HELP = ("sentence embeddings of texts (arguments, lines of --input, or lines on stdin) with an encoder-only checkpoint; "
-        "writes JSON lines (stdout or --output X.jsonl) or a float32 matrix (--output X.npy)")
 _FORMATS = {".npy": "npy", ".jsonl": "jsonl", ".json": "jsonl"}
 
 

@@ -20,8 +20,6 @@ from aiayn.evaluation.held_out import DEFAULT_DIRECTION, HELD_OUT_SPLITS, NATURA
 from aiayn.pretrained import Pretrained, confine_data_paths, load_pretrained
 from aiayn.training.config import DataSection, TrainConfig
 
-HELP = "evaluate a checkpoint on a split: sacreBLEU + chrF (translation), perplexity (LM), masked-token or class accuracy"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser, ensemble=True)

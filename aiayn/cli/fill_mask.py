@@ -9,8 +9,6 @@ from aiayn.decoding.text import fill_mask_text
 from aiayn.models.encoder_only import EncoderOnly
 from aiayn.tokenization.special import MASK, special_ids
 
-HELP = f"predict the tokens hidden by {MASK} (or the model's own mask, e.g. [MASK]) in a text with an encoder-only checkpoint"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser)

@@ -19,8 +19,6 @@ from aiayn.models.decoder_only import DecoderOnly
 from aiayn.nn.cache import KV_AUTO
 from aiayn.tokenization.base import same_vocabulary
 
-HELP = "continue a prompt with a decoder-only checkpoint (sampling or greedy), streaming to the terminal"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser, compile=True)

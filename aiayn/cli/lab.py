@@ -8,8 +8,6 @@ from pathlib import Path
 
 from aiayn.checkpoint.atomic_io import atomic_write_bytes
 
-HELP = "run an experiment that tests a claim about the Transformer (scaling, prenorm, positions, heads, smoothing, efficient)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from aiayn.lab import LABS

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-RECIPES_HELP = "list the packaged training recipes (aiayn train NAME runs one)"
-PRESETS_HELP = "list the model presets (build_model(NAME), model.preset in a recipe)"
-
 
 def add_no_arguments(parser: argparse.ArgumentParser) -> None:
     """These commands take no arguments."""

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "draw a training run's curves (loss, validation loss, learning rate, gradient norm, ...) as PNG files"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a training run directory (or its metrics.jsonl)")

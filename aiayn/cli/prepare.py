@@ -6,8 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-HELP = "tokenize a translation corpus once into token-id shards (train with data.prepared=DIR)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("corpus", help="wmt14-en-de | multi30k (found or downloaded as the data sets are) | files (with --train/--val)")

@@ -8,8 +8,6 @@ from pathlib import Path
 from aiayn.inference.quantization import QUANTIZATIONS
 from aiayn.pretrained import MODEL_FILE, load_pretrained, own_files, save_pretrained
 
-HELP = "write an int8 (per-channel scales) or int4 (per-group scales) copy of a model as safetensors"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a model directory, a training checkpoint or a run directory")

@@ -13,8 +13,6 @@ from aiayn.inference.precision import DTYPE_CHOICES, parse_kv_dtype
 
 HEADER_TIMEOUT = 10.0  # seconds for a request line and headers: real clients send them in one packet
 
-HELP = "serve a checkpoint over HTTP: OpenAI-style endpoints with streaming and request batching, metrics, a page at /"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, metavar="DIR", help="a saved model directory, a training checkpoint, or a run directory")

@@ -9,8 +9,6 @@ import sys
 from aiayn.config_io import apply_overrides, load_yaml
 from aiayn.training.config import TrainConfig
 
-HELP = "train a model from a YAML config (resumes the run directory's newest checkpoint)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="a YAML training config, or the name of a packaged recipe (see `aiayn recipes`)")

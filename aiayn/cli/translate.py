@@ -11,8 +11,6 @@ from aiayn.decoding.beam import BeamConfig
 from aiayn.decoding.translate import translate_sentences
 from aiayn.models.encoder_decoder import EncoderDecoder
 
-HELP = "translate text (arguments, or lines on stdin) with an encoder-decoder checkpoint; beam search as its recipe chose (else beam 4, alpha 0.6)"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser, ensemble=True)

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from aiayn.tokenization.base import Tokenizer
 
-HELP = "draw attention weights (PNG grids or an HTML explorer) or the sinusoidal positional encoding"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="viz_command", metavar="WHAT", required=True)

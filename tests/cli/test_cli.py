@@ -22,6 +22,27 @@ def test_help_lists_commands(capsys):
     assert "copy-task" in capsys.readouterr().out
 
 
+def test_help_and_a_wrong_command_import_no_subcommand_and_no_torch():
+    """The commands' modules import torch (a second or more); ``aiayn --help`` and a typo answer without them."""
+    code = ("import sys\nfrom aiayn.cli.main import COMMANDS, main\n"
+            "for argv in (['--help'], ['-v', 'nosuch'], ['--version']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('aiayn.cli.') and m != 'aiayn.cli.main'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert "invalid choice: 'nosuch'" in out.stderr
+
+
+def test_every_command_has_its_arguments_and_runs_its_own_module():
+    from aiayn.cli.main import COMMANDS, build_parser
+
+    parser = build_parser()  # every command's arguments
+    for name, command in COMMANDS.items():
+        assert callable(command.entry(command.run)), name
+    assert parser.parse_args(["generate", "--checkpoint", "x", "--prompt", "a", "--max-new-tokens", "3"]).max_new_tokens == 3
+    assert build_parser(["recipes"]).parse_args(["recipes"]).command == "recipes"
+
+
 def test_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "aiayn", "--version"], capture_output=True, text=True, check=True)
     assert __version__ in out.stdout
