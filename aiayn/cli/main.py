@@ -79,9 +79,9 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
 
 
 def _named_command(argv: Sequence[str]) -> list[str]:
-    """The subcommand ``argv`` names (its first word that is not a top-level flag), or none."""
-    words = [w for w in argv if w not in ("-v", "--verbose")]
-    return [words[0]] if words and words[0] in COMMANDS else []
+    """The subcommand ``argv`` names (its first word that is not a flag: the top-level flags take no value), or none."""
+    words = [w for w in argv if not w.startswith("-")]
+    return words[:1] if words and words[0] in COMMANDS else []
 
 
 def _subparser_actions(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction]:
