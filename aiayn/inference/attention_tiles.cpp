@@ -163,7 +163,7 @@ float softmax_row(float* row, int64_t n, int64_t width, float scale, E* p) {
   const __m512 mv = _mm512_set1_ps(m), sv = _mm512_set1_ps(scale);
   __m512 acc = _mm512_setzero_ps();
   for (j = 0; j < whole; j += 16) {
-    const __mmask16 in = j + 16 <= n ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __mmask16 in = aiayn_simd::tail_mask(j, n);
     const __m512 e = _mm512_maskz_mov_ps(in, aiayn_simd::exp16(_mm512_fmsub_ps(_mm512_loadu_ps(row + j), sv, mv)));
     _mm512_storeu_ps(row + j, e);
     acc = _mm512_add_ps(acc, e);

@@ -23,11 +23,6 @@ constexpr int64_t kCols = 32;  // keys a score block holds: two vectors of 16
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-#if defined(__AVX512F__)
-// The lanes of the 16 elements from j that lie before n.
-inline __mmask16 tail_mask(int64_t j, int64_t n) { return j + 16 <= n ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1); }
-#endif
-
 // One (batch, head)'s rows of a (B, H, T, D) tensor with the last dimension contiguous.
 template <typename T>
 struct Head {

@@ -42,9 +42,7 @@ inline void largest_and_sum(const float* x, int64_t n, float& largest, float& su
   __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
   t = _mm_max_ps(t, _mm_movehl_ps(t, t));
   largest = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  sum = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  sum = aiayn_simd::sum8(total);
 }
 
 // 8 inputs times `inverse`, rounded to the nearest integer (ties to even, as std::nearbyint) and clamped to
@@ -114,7 +112,7 @@ void widen_times(const at::BFloat16* from, const float* by, int64_t n, float* to
   int64_t i = 0;
 #if defined(__AVX512F__)
   for (; i < n; i += 16) {  // the last 16 masked
-    const __mmask16 mask = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __mmask16 mask = aiayn_simd::tail_mask(i, n);
     const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, from + i)), 16));
     _mm512_mask_storeu_ps(to + i, mask, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, by + i)));
   }
@@ -210,11 +208,7 @@ void dots(const uint8_t* __restrict codes, const float* __restrict steps, const 
     }
   }
   for (int m = 0; m < M; ++m) {  // the lanes summed
-    const __m256 t = _mm256_add_ps(total[m][0], total[m][1]);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    out[m] = _mm_cvtss_f32(h) + rest[m];
+    out[m] = aiayn_simd::sum8(_mm256_add_ps(total[m][0], total[m][1])) + rest[m];
   }
 #else
   (void)ahead;

@@ -113,6 +113,20 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, 2);
 }
 
+#if defined(__AVX2__)
+// The sum of a vector's 8 lanes in a fixed order: lane i + lane i+4, then i + i+2, then i + i+1.
+inline float sum8(__m256 a) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+#endif
+
+#if defined(__AVX512F__)
+// The lanes of the 16 elements from j that lie before n: a loop's last vector, loaded and stored masked.
+inline __mmask16 tail_mask(int64_t j, int64_t n) { return j + 16 <= n ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1); }
+#endif
+
 #if defined(__AVX512F__)
 // The sum of a vector's 16 lanes in a fixed order: lane i + lane i+8, then i + i+4, then i + i+2, then i + i+1 (the
 // order GCC's _mm512_reduce_add_ps takes, written out so that sums16() can follow it for 16 vectors at once).
@@ -202,11 +216,7 @@ inline void dots(const W* __restrict w, const float* __restrict x, int64_t n, in
   }
   for (int r = 0; r < R; ++r) {
     for (int m = 0; m < M; ++m) {
-      const __m256 s = _mm256_add_ps(_mm256_add_ps(a[r][m][0], a[r][m][1]), _mm256_add_ps(a[r][m][2], a[r][m][3]));
-      __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_add_ss(h, _mm_movehdup_ps(h));
-      out[r * M + m] = _mm_cvtss_f32(h);
+      out[r * M + m] = sum8(_mm256_add_ps(_mm256_add_ps(a[r][m][0], a[r][m][1]), _mm256_add_ps(a[r][m][2], a[r][m][3])));
     }
   }
 #else
