@@ -402,9 +402,11 @@ def bench_beam(args: argparse.Namespace, sizes: dict, threads: int) -> tuple[flo
 def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int = 5) -> dict[str, tuple[float, float]]:
     """ms per ``x (rows, 768) @ W^T`` with ``W (out_features, 768)`` -> (median, best), for fp32 as ``nn.Linear``
     runs it (MKL's sgemm), fp32 and bf16 packed once for oneDNN (``PackedLinear``), bf16 plain, int8 (weight-only, bf16
-    activations) and int8-dynamic (FBGEMM, int8 activations); for one row also our native kernel over fp32, bf16 and
-    int8 weights (fp32 activations for int8), without and with prefetching, where it builds. The same layer is called
+    activations), int8-dynamic (FBGEMM, int8 activations) and int4 (groups of 32, torch's kernel); for one row also our
+    native kernel over fp32, bf16, int8 and int4 weights (fp32 activations for int8 and int4; int8 and int4 a few rows
+    too), without and with prefetching, where it builds. The same layer is called
     again, so a weight that fits the cache is timed hot: the decoding rows are the model's case."""
+    from aiayn.inference.int4 import Int4Linear
     from aiayn.inference.int8_dynamic import Int8DynamicLinear
     from aiayn.inference.quantization import Int8Linear as Int8
 
@@ -417,6 +419,7 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
         cases["bf16 packed"] = (PackedLinear(bf16), x_bf16)
     cases["int8"] = (Int8.from_linear(linear), x_bf16)
     cases["int8-dynamic"] = (Int8DynamicLinear.from_linear(linear), x)
+    cases["int4"] = (Int4Linear.from_linear(linear, 32), x)
     if gemv.available():  # our matrix-vector kernel, built on this machine (aiayn.inference.gemv)
         for kernel in gemv.KERNELS:  # without and with prefetching
             if rows == 1:
@@ -425,6 +428,9 @@ def few_row_linears(rows: int, out_features: int, repeats: int = 15, calls: int 
             int8_native = Int8.from_linear(linear)
             int8_native.one = int8_native.many = kernel  # int8: a few rows too (up to gemv.FEW_ROWS)
             cases[f"int8 {kernel}"] = (int8_native, x)
+            int4_native = Int4Linear.from_linear(linear, 32)
+            int4_native.one = int4_native.many = kernel
+            cases[f"int4 {kernel}"] = (int4_native, x)
     times: dict[str, list[float]] = {name: [] for name in cases}
     with torch.no_grad():
         for _ in range(repeats):
@@ -635,7 +641,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="", help="comma-separated variants to profile (torch.profiler, one call each)")
     p.add_argument("--linears", action="store_true",
                    help="only time single Linear layers, 768 -> 3072 and 768 -> 50257, for 1 and 8 rows "
-                        "(fp32, fp32 packed, bf16, bf16 packed, int8, int8-dynamic)")
+                        "(fp32, fp32 packed, bf16, bf16 packed, int8, int8-dynamic, int4)")
     p.add_argument("--token-chain", action="store_true",
                    help="only time one token's weight reads of the GPT-2-small shape (49 one-row calls in decoding order) "
                         "through each one-row kernel, fp32, bf16 and int8 weights")

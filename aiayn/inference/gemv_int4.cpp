@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "simd.h"
@@ -107,28 +108,16 @@ Inputs prepare(const float* x, int64_t m_rows, int64_t in, int64_t group) {
 
 namespace {
 
-// to[i] = from[i] (bf16, widened: exact) times by[i], for i < n: a row's scales times an input's steps.
-void widen_times(const at::BFloat16* from, const float* by, int64_t n, float* to) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i < n; i += 16) {  // the last 16 masked
-    const __mmask16 mask = aiayn_simd::tail_mask(i, n);
-    const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, from + i)), 16));
-    _mm512_mask_storeu_ps(to + i, mask, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, by + i)));
-  }
-#elif defined(__AVX2__) && defined(__FMA__)
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(to + i, _mm256_mul_ps(aiayn_simd::load8(from + i), _mm256_loadu_ps(by + i)));
-#endif
-  for (; i < n; ++i) to[i] = static_cast<float>(from[i]) * by[i];
-}
-
-// One row of codes with M prepared inputs (k `in` apart) into out[0..M). `steps`: each input's s_g dx_g (`groups`
-// apart, 8 floats readable past the last); `least`: the row's least values (bf16); `sums`: each input's group sums
-// (`groups` apart). Each sum is the same operations in the same order whatever M (a row of a batch gives what it gives
-// alone).
+// One row of codes with M prepared inputs (k `in` apart) into out[0..M). `scale`: the row's scales s_g and `least` its
+// least values (bf16); `dx`: each input's steps dx_g and `sums` its group sums (`groups` apart). Each group's step
+// s_g dx_g is one fp32 product, made in registers as the sums need it: written to memory a row at a time and read back,
+// it stalled the loads reading it back (a 768-input row cost about 25 ns besides its groups' work, one thread, Zen 4;
+// gemv_int4.h). Two rows at a time, sharing each load of x, ran 1.1-1.3x slower here and were not kept. Each sum is the
+// same operations in the same order whatever M (a row of a batch gives what it gives alone).
 template <int M, int64_t Group, bool Prefetch>
-void dots(const uint8_t* __restrict codes, const float* __restrict steps, const at::BFloat16* __restrict least, const int8_t* __restrict k,
-          const float* __restrict sums, int64_t in, int64_t ahead, float* out) {
+void dots(const uint8_t* __restrict codes, const at::BFloat16* __restrict scale, const float* __restrict dx,
+          const at::BFloat16* __restrict least, const int8_t* __restrict k, const float* __restrict sums, int64_t in, int64_t ahead,
+          float* out) {
   const int64_t groups = in / Group, chunks = in / kChunk;
 #if defined(__AVX2__) && defined(__FMA__)
   // acc + the sums of four adjacent products of unsigned codes and signed inputs (one instruction with VNNI)
@@ -177,14 +166,22 @@ void dots(const uint8_t* __restrict codes, const float* __restrict steps, const 
     if (Prefetch && q % 2 == 0) aiayn_simd::prefetch_l2(p + ahead, 64);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i even = _mm256_and_si256(v, low), odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    __m128 scales2 = _mm_setzero_ps();  // groups of 32: the pair's two scales in lanes 0 and 1 (bf16, widened exactly)
+    if constexpr (Group == kChunk) {
+      int32_t bits;
+      std::memcpy(&bits, scale + 2 * q, sizeof(bits));
+      scales2 = _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_cvtsi32_si128(bits)), 16));
+    }
     for (int m = 0; m < M; ++m) {
       const int8_t* x = k + m * in + 2 * kChunk * q;
       const __m256i acc = dot4(dot4(_mm256_setzero_si256(), even, x), odd, x + kChunk);
       __m256 step;
       if constexpr (Group == kChunk) {  // two groups: their steps side by side
-        step = _mm256_permutevar8x32_ps(_mm256_loadu_ps(steps + m * groups + 2 * q), first_second);
+        const __m128 both = _mm_mul_ps(scales2, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dx + m * groups + 2 * q))));
+        step = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(both), first_second);
       } else {  // one group
-        step = _mm256_set1_ps(steps[m * groups + 2 * kChunk * q / Group]);
+        const int64_t g = 2 * kChunk * q / Group;
+        step = _mm256_set1_ps(static_cast<float>(scale[g]) * dx[m * groups + g]);
       }
       total[m][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), step, total[m][half]);
     }
@@ -203,7 +200,7 @@ void dots(const uint8_t* __restrict codes, const float* __restrict steps, const 
     for (int m = 0; m < M; ++m) {
       const int8_t* x = k + m * in + 2 * kChunk * q;
       const __m128i acc = dot4_half(dot4_half(_mm_setzero_si128(), even, x), odd, x + kChunk / 2);
-      const __m128 part = _mm_mul_ps(_mm_cvtepi32_ps(acc), _mm_set1_ps(steps[m * groups + chunks - 1]));
+      const __m128 part = _mm_mul_ps(_mm_cvtepi32_ps(acc), _mm_set1_ps(static_cast<float>(scale[chunks - 1]) * dx[m * groups + chunks - 1]));
       total[m][1] = _mm256_add_ps(total[m][1], _mm256_insertf128_ps(_mm256_setzero_ps(), part, 0));
     }
   }
@@ -218,7 +215,7 @@ void dots(const uint8_t* __restrict codes, const float* __restrict steps, const 
     for (int64_t g = 0; g < groups; ++g) {
       int32_t acc = 0;
       for (int64_t i = g * Group; i < (g + 1) * Group; ++i) acc += ((codes[i / 2] >> (4 * (i % 2))) & 15) * k[m * in + position(i, in)];
-      o += static_cast<float>(acc) * steps[m * groups + g] + static_cast<float>(least[g]) * sums[m * groups + g];
+      o += static_cast<float>(acc) * (static_cast<float>(scale[g]) * dx[m * groups + g]) + static_cast<float>(least[g]) * sums[m * groups + g];
     }
     out[m] = o;
   }
@@ -236,24 +233,23 @@ template <int64_t Group, bool Prefetch>
 void rows_of(const uint8_t* codes, const at::BFloat16* scale_least, const Inputs& x, int64_t begin, int64_t end, int64_t ahead, float* d) {
   const int64_t in = x.in, groups = in / Group, row_bytes = in / 2;
   const int64_t rows_ahead = Prefetch ? (ahead + row_bytes - 1) / row_bytes : 0;
-  std::vector<float> steps(kInputs * groups + 8);  // a row's scales times each input's steps (8 readable past the last)
   for (int64_t o = begin; o < end; ++o) {
     const uint8_t* row = codes + o * row_bytes;
     const at::BFloat16* sl = scale_least + o * 2 * groups;
     if (Prefetch) aiayn_simd::prefetch_l2(sl + rows_ahead * 2 * groups, 4 * groups);
     for (int64_t m0 = 0; m0 < x.m_rows; m0 += kInputs) {
       const int64_t n = std::min(kInputs, x.m_rows - m0), a = m0 ? 0 : ahead;  // later inputs read the row from L1
-      for (int64_t m = 0; m < n; ++m) widen_times(sl, x.dx.data() + (m0 + m) * groups, groups, steps.data() + m * groups);
       float* out = d + (o - begin) * x.m_rows + m0;
       const int8_t* k = x.k.data() + m0 * in;
       const float* sums = x.sums.data() + m0 * groups;
+      const float* dx = x.dx.data() + m0 * groups;
       switch (n) {
 #if defined(__AVX512F__)
-        case 4: dots<4, Group, Prefetch>(row, steps.data(), sl + groups, k, sums, in, a, out); break;
-        case 3: dots<3, Group, Prefetch>(row, steps.data(), sl + groups, k, sums, in, a, out); break;
+        case 4: dots<4, Group, Prefetch>(row, sl, dx, sl + groups, k, sums, in, a, out); break;
+        case 3: dots<3, Group, Prefetch>(row, sl, dx, sl + groups, k, sums, in, a, out); break;
 #endif
-        case 2: dots<2, Group, Prefetch>(row, steps.data(), sl + groups, k, sums, in, a, out); break;
-        default: dots<1, Group, Prefetch>(row, steps.data(), sl + groups, k, sums, in, a, out); break;
+        case 2: dots<2, Group, Prefetch>(row, sl, dx, sl + groups, k, sums, in, a, out); break;
+        default: dots<1, Group, Prefetch>(row, sl, dx, sl + groups, k, sums, in, a, out); break;
       }
     }
   }

@@ -168,7 +168,7 @@ def choose_int8_kernels(weights: list[Tensor], rows: int = FEW_ROWS) -> list[str
 def choose_int4_kernels(codes: list[Tensor], groups: list[int], rows: int = FEW_ROWS) -> list[str]:
     """:func:`choose_int8_kernels` for int4 layers: ``codes (out, in / 2)`` (uint8, two to a byte) in groups of
     ``groups[i]`` inputs, torch's int4 kernel against ours."""
-    shapes = [f"{2 * c.shape[1]}->{c.shape[0]} int4 g{g} weight-only 1|{rows} rows{PREFETCH_FIRST}{OURS_FIRST}{INT4_VECTOR_INPUTS}{_pages()}"
+    shapes = [f"{2 * c.shape[1]}->{c.shape[0]} int4 g{g} weight-only 1|{rows} rows{PREFETCH_FIRST}{OURS_FIRST}{INT4_KERNEL_REVISION}{_pages()}"
               for c, g in zip(codes, groups)]
     return _weight_only(shapes, list(zip(codes, groups)), rows, "int4 kernels")
 
@@ -862,10 +862,11 @@ PREFETCH_FIRST = ", prefetch first"
 # ours 1.9-2.1x) and torch's int4 kernel took about twice its timed time a call inside a decoding step (torch.profiler,
 # `--profile ours-int4`: the step's 768 -> 768 calls, about 40 us each).
 OURS_FIRST = ", ours first"
-# Ours quantises each row of inputs to 8 bits by vectors since 2026-12-07 (a scalar loop before, a tenth of the speed:
-# 3 us of a 768-input row, paid once a row of x, so 8 rows cost ours 24 us more than they do now): in the int4 keys, so
-# the choices made before are timed again.
-INT4_VECTOR_INPUTS = ", vector inputs"
+# What changed in our int4 kernel's speed, in the int4 keys, so the choices made before are timed again: it quantises
+# each row of inputs to 8 bits by vectors since 2026-12-07 (a scalar loop before, a tenth of the speed: 3 us of a
+# 768-input row, paid once a row of x, so 8 rows cost ours 24 us more than they do now), and makes each group's step in
+# registers since 2026-12-07 (768-input rows 1.6x faster on one thread: gemv_int4.cpp).
+INT4_KERNEL_REVISION = ", vector inputs, steps in registers"
 
 
 def _read(path: Path) -> dict:

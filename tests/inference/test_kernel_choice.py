@@ -168,7 +168,7 @@ def test_int4_layers_take_the_faster_kernel_timed_on_their_codes_and_group_cache
     # timed on the codes as the layer holds them (uint8, two to a byte) with the group size
     assert [t for t in timed if t[4] != kernel_choice.PROMPT_TIMED] == [(torch.uint8, shape, 32, rows, ("torch", "native", "native-prefetch"))
                                                                       for shape in ((32, 32), (64, 16)) for rows in (1, 8)]
-    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["64->32 int4 g32 weight-only 1|8 rows, prefetch first, ours first, vector inputs"] == "native-prefetch/torch"
+    assert json.loads(cache.read_text())[kernel_choice.machine_key()]["64->32 int4 g32 weight-only 1|8 rows, prefetch first, ours first, vector inputs, steps in registers"] == "native-prefetch/torch"
     monkeypatch.setattr(kernel_choice, "_time_kernels", lambda *a, **k: pytest.fail("timed a shape the cache decides"))
     again = quantize_int4(two_layers(), 32)
     pack_linears(again)
