@@ -111,9 +111,10 @@ namespace {
 // One row of codes with M prepared inputs (k `in` apart) into out[0..M). `scale`: the row's scales s_g and `least` its
 // least values (bf16); `dx`: each input's steps dx_g and `sums` its group sums (`groups` apart). Each group's step
 // s_g dx_g is one fp32 product, made in registers as the sums need it: written to memory a row at a time and read back,
-// it stalled the loads reading it back (a 768-input row cost about 25 ns besides its groups' work, one thread, Zen 4;
-// gemv_int4.h). Two rows at a time, sharing each load of x, ran 1.1-1.3x slower here and were not kept. Each sum is the
-// same operations in the same order whatever M (a row of a batch gives what it gives alone).
+// it stalled the loads reading it back (a throw-away timing of 768- and 3072-input rows on one thread, Zen 4 EPYC: about
+// 25 ns a row besides its groups' work before, about 8 after; the benchmark's numbers are in gemv_int4.h). Two rows at a
+// time, sharing each load of x, timed 1.1-1.3x slower the same way; not kept. Each sum is the same operations in the
+// same order whatever M (a row of a batch gives what it gives alone).
 template <int M, int64_t Group, bool Prefetch>
 void dots(const uint8_t* __restrict codes, const at::BFloat16* __restrict scale, const float* __restrict dx,
           const at::BFloat16* __restrict least, const int8_t* __restrict k, const float* __restrict sums, int64_t in, int64_t ahead,
